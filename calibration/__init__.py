@@ -1,0 +1,1 @@
+"""Calibration: observers, the calibration loop, quantize_model, evaluation."""

@@ -1,0 +1,50 @@
+"""fp8-linear: FP8 inference for Hugging Face models.
+
+Public API (DESIGN section 3)::
+
+    fp8_gemm(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16)
+    quantize_fp8(x, fmt="e4m3", granularity="tensor", scale=None, rounding="nearest")
+    FP8Linear, FP8Linear.from_linear(linear, scheme, input_amax=None)
+    QuantScheme, PRESETS
+    quantize_model(model, calib_data, scheme="fp8-channel", ...)
+    save_quantized(model, path, tokenizer=None) / load_quantized(path, device_map=None, dtype=torch.bfloat16)
+    compare_schemes(model, eval_data, schemes=(...), calib_data=...)
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    BackendUnavailableError,
+    CalibrationError,
+    CheckpointError,
+    FP8LinearError,
+    ScaleError,
+    ShapeError,
+)
+from .formats import FORMATS, fmt_max
+from .gemm import fp8_gemm
+from .module import FP8Linear
+from .quantize import dequantize_fp8, quantize_fp8
+from .scheme import PRESETS, QuantScheme, resolve_scheme
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Lazy re-exports: calibration and checkpoints pull in transformers, which is slow to import.
+    if name in ("quantize_model", "compare_schemes"):
+        from . import calibration
+
+        return getattr(calibration, name)
+    if name in ("save_quantized", "load_quantized"):
+        from . import checkpoint
+
+        return getattr(checkpoint, name)
+    raise AttributeError(f"module 'fp8_linear' has no attribute {name!r}")
+
+
+__all__ = [
+    "BackendUnavailableError", "CalibrationError", "CheckpointError", "FP8LinearError", "ScaleError", "ShapeError",
+    "FORMATS", "fmt_max", "fp8_gemm", "FP8Linear", "dequantize_fp8", "quantize_fp8", "PRESETS", "QuantScheme",
+    "resolve_scheme", "quantize_model", "compare_schemes", "save_quantized", "load_quantized",
+]

@@ -1,0 +1,215 @@
+"""Quantize / dequantize tensors to FP8 at every granularity of DESIGN section 2.
+
+Granularities (``x`` is ``[..., K]``; weights are ``[out, in]``):
+
+=========== ===================================== ==========================================
+name        scale shape                            used for
+=========== ===================================== ==========================================
+``tensor``  ``[1]``                                weights and static activations
+``channel`` ``[out, 1]`` (one per row of 2-D x)    weights
+``token``   ``[..., 1]`` (one per row of x)        dynamic activations
+``group``   ``[..., ceil(K/128)]`` (1x128 groups)  dynamic activations of ``fp8-block``
+``block``   ``[ceil(out/128), ceil(in/128)]``      weights of ``fp8-block``
+=========== ===================================== ==========================================
+
+Amax is taken over finite values only, so ``inf`` saturates to the format's max and ``NaN``
+stays ``NaN`` without poisoning the scale of its neighbours.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .errors import ScaleError, ShapeError
+from .formats import (
+    GROUP_SIZE,
+    MANTISSA_BITS,
+    SCALE_DTYPE,
+    fmt_max,
+    min_normal_exponent,
+    resolve_format,
+    scale_from_amax,
+)
+
+GRANULARITIES = ("tensor", "channel", "token", "group", "block")
+ROUNDINGS = ("nearest", "stochastic")
+
+
+def _finite_abs(x: torch.Tensor) -> torch.Tensor:
+    a = x.abs()
+    return torch.where(torch.isfinite(a), a, torch.zeros((), dtype=a.dtype, device=a.device))
+
+
+def _pad_to(x: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
+    size = x.shape[dim]
+    pad = (-size) % multiple
+    if pad == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = pad
+    return torch.cat([x, torch.zeros(shape, dtype=x.dtype, device=x.device)], dim=dim)
+
+
+def scale_shape(shape: tuple[int, ...] | torch.Size, granularity: str) -> tuple[int, ...]:
+    """The scale shape that ``granularity`` gives a tensor of ``shape`` (see module table)."""
+    shape = tuple(shape)
+    if granularity == "tensor":
+        return (1,)
+    if granularity == "channel":
+        if len(shape) != 2:
+            raise ShapeError(f"x: granularity 'channel' expects a 2-D weight [out, in], got shape {list(shape)}")
+        return (shape[0], 1)
+    if granularity == "token":
+        return shape[:-1] + (1,)
+    if granularity == "group":
+        return shape[:-1] + (math.ceil(shape[-1] / GROUP_SIZE),)
+    if granularity == "block":
+        if len(shape) != 2:
+            raise ShapeError(f"x: granularity 'block' expects a 2-D weight [out, in], got shape {list(shape)}")
+        return (math.ceil(shape[0] / GROUP_SIZE), math.ceil(shape[1] / GROUP_SIZE))
+    raise ValueError(f"granularity: expected one of {GRANULARITIES}, got {granularity!r}")
+
+
+def compute_amax(x: torch.Tensor, granularity: str) -> torch.Tensor:
+    """Absolute maximum of the finite values of ``x`` per granularity cell, fp32, shaped as the scale."""
+    a = _finite_abs(x.detach()).to(SCALE_DTYPE)
+    if granularity == "tensor":
+        return a.amax().reshape(1)
+    if granularity in ("channel", "token"):
+        scale_shape(x.shape, granularity)  # validates rank
+        return a.amax(dim=-1, keepdim=True)
+    if granularity == "group":
+        k = x.shape[-1]
+        g = _pad_to(a, -1, GROUP_SIZE)
+        g = g.reshape(*a.shape[:-1], -1, GROUP_SIZE)
+        return g.amax(dim=-1).reshape(scale_shape(x.shape, "group")) if k else g.amax(dim=-1)
+    if granularity == "block":
+        scale_shape(x.shape, "block")
+        g = _pad_to(_pad_to(a, 0, GROUP_SIZE), 1, GROUP_SIZE)
+        r, c = g.shape[0] // GROUP_SIZE, g.shape[1] // GROUP_SIZE
+        return g.reshape(r, GROUP_SIZE, c, GROUP_SIZE).amax(dim=(1, 3))
+    raise ValueError(f"granularity: expected one of {GRANULARITIES}, got {granularity!r}")
+
+
+def expand_scale(scale: torch.Tensor, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+    """Broadcast a scale of any supported granularity to ``shape`` (the tensor it scales).
+
+    The granularity is read off the scale's shape: ``[1]`` per-tensor, ``[..., 1]`` per-row,
+    ``[..., G]`` 1x128 groups along the last dim, 2-D ``[R, C]`` with ``R < rows`` 128x128 blocks.
+    """
+    shape = tuple(shape)
+    s = scale.to(SCALE_DTYPE)
+    if s.numel() == 1:
+        return s.reshape([1] * len(shape)).expand(shape)
+    if s.dim() == len(shape) and tuple(s.shape[:-1]) == shape[:-1]:
+        if s.shape[-1] == 1:
+            return s.expand(shape)
+        return s.repeat_interleave(GROUP_SIZE, dim=-1)[..., : shape[-1]]
+    if s.dim() == 2 and len(shape) == 2:
+        return s.repeat_interleave(GROUP_SIZE, 0).repeat_interleave(GROUP_SIZE, 1)[: shape[0], : shape[1]]
+    raise ScaleError(f"scale: shape {list(s.shape)} does not fit a tensor of shape {list(shape)}")
+
+
+def validate_scale(scale: torch.Tensor, expected_shape: tuple[int, ...], name: str = "scale") -> torch.Tensor:
+    """Check that ``scale`` is a floating tensor of ``expected_shape`` with finite positive values."""
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(scale).__name__}")
+    if not scale.dtype.is_floating_point or scale.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise TypeError(f"{name}: expected dtype torch.float32, got {scale.dtype}")
+    if tuple(scale.shape) != tuple(expected_shape) and not (
+        scale.numel() == 1 and math.prod(expected_shape) == 1
+    ):
+        raise ScaleError(f"{name}: expected shape {list(expected_shape)}, got {list(scale.shape)}")
+    if scale.numel():
+        bad = ~torch.isfinite(scale) | (scale <= 0)
+        if bool(bad.any()):
+            v = scale[bad].flatten()[0].item()
+            raise ScaleError(f"{name}: expected finite positive values, got {v} ({int(bad.sum())} bad entries)")
+    return scale.to(SCALE_DTYPE).reshape(expected_shape)
+
+
+def _stochastic_round(y: torch.Tensor, dtype: torch.dtype, generator: torch.Generator | None) -> torch.Tensor:
+    """Round fp32 ``y`` (already inside the format's range) to a neighbour on the FP8 grid,
+    up with probability equal to the distance from the lower neighbour in ulps (unbiased)."""
+    mbits = MANTISSA_BITS[dtype]
+    _, e = torch.frexp(y)
+    e = torch.clamp(e - 1, min=min_normal_exponent(dtype))
+    ulp = torch.ldexp(torch.ones_like(y), e - mbits)
+    lo = torch.floor(y / ulp) * ulp
+    p = (y - lo) / ulp
+    u = torch.rand(y.shape, generator=generator, device=y.device, dtype=y.dtype)
+    return torch.where(u < p, lo + ulp, lo)
+
+
+def quantize_fp8(
+    x: torch.Tensor,
+    fmt: str | torch.dtype = "e4m3",
+    granularity: str = "tensor",
+    scale: torch.Tensor | None = None,
+    rounding: str = "nearest",
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x`` to FP8.
+
+    Args:
+        x: floating tensor (fp32/fp16/bf16/fp64), any shape (2-D for ``channel`` and ``block``).
+        fmt: ``"e4m3"`` (max 448) or ``"e5m2"`` (max 57344), or the torch dtype.
+        granularity: one of :data:`GRANULARITIES` (see the module table for scale shapes).
+        scale: fp32 scale of the granularity's shape; ``None`` computes ``amax / fmt_max``.
+        rounding: ``"nearest"`` (round-to-nearest-even, as ``tensor.to(fp8)``) or ``"stochastic"``.
+        generator: seeds stochastic rounding.
+
+    Returns:
+        ``(q, scale)``: ``q`` of ``x``'s shape in the FP8 dtype, ``scale`` fp32 with ``x ~= q * scale``.
+        Values saturate at +-fmt_max; NaN stays NaN.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point or x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise TypeError(f"x: expected a floating dtype (float32/float16/bfloat16/float64), got {x.dtype}")
+    dtype = resolve_format(fmt)
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding: expected one of {ROUNDINGS}, got {rounding!r}")
+    shp = scale_shape(x.shape, granularity)
+    if scale is None:
+        scale = scale_from_amax(compute_amax(x, granularity), dtype)
+    else:
+        scale = validate_scale(scale, shp)
+    return quantize_unchecked(x, dtype, scale, rounding, generator), scale
+
+
+def quantize_unchecked(
+    x: torch.Tensor,
+    dtype: torch.dtype,
+    scale: torch.Tensor,
+    rounding: str = "nearest",
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """``saturate(x / scale)`` cast to the FP8 ``dtype``, with no validation (hot path).
+
+    ``scale`` must already be a valid fp32 scale for ``x`` (any shape :func:`expand_scale` reads).
+    """
+    m = fmt_max(dtype)
+    y = torch.clamp(x.to(SCALE_DTYPE) / expand_scale(scale, x.shape), -m, m)
+    if rounding == "stochastic":
+        y = _stochastic_round(y, dtype, generator)
+    return y.to(dtype)
+
+
+def dynamic_quantize(x: torch.Tensor, dtype: torch.dtype, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x`` with scales computed from its own amax (dynamic activations), no validation."""
+    scale = scale_from_amax(compute_amax(x, granularity), dtype)
+    return quantize_unchecked(x, dtype, scale), scale
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``q * scale`` in ``out_dtype``; the granularity is read off ``scale``'s shape (see :func:`expand_scale`).
+
+    ``q`` is an FP8 tensor ``[..., K]``; ``scale`` is fp32 of shape ``[1]``, ``[..., 1]``,
+    ``[..., ceil(K/128)]`` or, for 2-D ``q``, ``[ceil(rows/128), ceil(K/128)]``.
+    """
+    if not isinstance(q, torch.Tensor) or q.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise TypeError(f"q: expected an FP8 tensor (float8_e4m3fn/float8_e5m2), got {getattr(q, 'dtype', type(q).__name__)}")
+    return (q.to(SCALE_DTYPE) * expand_scale(scale, q.shape)).to(out_dtype)

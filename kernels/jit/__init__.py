@@ -1,0 +1,1 @@
+"""JIT builder for the sm90 kernel."""
