@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call: build, SASS check, tests, sanitizers, benchmark. Stages chosen by args:
+#   benchmarks/device_run.sh build tests quickbench bench sanitize
+# Logs go to $OUT (or ./out).
+set -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export FP8_LINEAR_CACHE=${FP8_LINEAR_CACHE:-$PWD/.fp8_cache}
+for stage in "$@"; do
+  echo "===== $stage $(date +%T)"
+  case $stage in
+    build)
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv
+      t0=$(date +%s.%N)
+      python3 -c "
+import time,importlib; from fp8_linear.backends.sm90 import kernels_module
+jit=importlib.import_module(kernels_module().__name__+'.jit'); t=time.perf_counter(); jit.load(); print('load s', time.perf_counter()-t)" 2>&1 | tee "$OUT/build.txt" || exit 1
+      so=$(ls $FP8_LINEAR_CACHE/sm90-*/*.so | head -1)
+      cuobjdump --dump-sass "$so" > /tmp/sass.txt
+      echo "QGMMA count: $(grep -c QGMMA /tmp/sass.txt), LDL/STL: $(grep -cE '\b(LDL|STL)\b' /tmp/sass.txt)" | tee -a "$OUT/build.txt"
+      grep -o "QGMMA[.A-Za-z0-9]*" /tmp/sass.txt | sort | uniq -c | tee -a "$OUT/build.txt"
+      ;;
+    tests)
+      timeout 420 python3 -m pytest tests/kernels -q -x --maxfail=10 -p no:cacheprovider --durations=8 2>&1 | tail -n 60 | tee "$OUT/tests.txt"
+      ;;
+    testsfull)
+      timeout 540 python3 -m pytest tests/kernels -q -p no:cacheprovider -rs --durations=8 2>&1 | tail -n 80 | tee "$OUT/tests.txt"
+      ;;
+    quickbench)
+      timeout 300 python3 benchmarks/gemm.py --quick --configs 0,4 --rep 60 --out "$OUT" --tag quick 2>&1 | tee "$OUT/quickbench.txt"
+      ;;
+    bench)
+      timeout 540 python3 benchmarks/gemm.py --rep 60 --out "$OUT" 2>&1 | tee "$OUT/bench.txt"
+      ;;
+    sanitize)
+      timeout 400 benchmarks/sanitize.sh 2>&1 | tee "$OUT/sanitize.txt"
+      ;;
+  esac
+done
+echo "===== done $(date +%T)"

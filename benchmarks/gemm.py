@@ -1,0 +1,157 @@
+"""GEMM benchmark: our sm90 kernel vs torch._scaled_mm (cuBLASLt, per-tensor and row-wise) vs bf16
+torch.matmul, on the DESIGN section 7 shape set, in one run.
+
+    python benchmarks/gemm.py                 # full shape set, JSON to benchmarks/results/
+    python benchmarks/gemm.py --quick         # a few shapes
+    python benchmarks/gemm.py --configs 0,4   # also time forced kernel configs (tensor scales)
+
+Timing: triton.testing.do_bench (CUDA events, L2 cleared before every repetition, median), random
+data, bf16 output everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib
+import json
+import math
+import os
+import pathlib
+import platform
+import sys
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from fp8_linear.backends.sm90 import kernels_module  # noqa: E402
+
+LLAMA_NK = [("8B qkv", 6144, 4096), ("8B o", 4096, 4096), ("8B gate_up", 28672, 4096), ("8B down", 4096, 14336),
+            ("70B qkv", 10240, 8192), ("70B o", 8192, 8192), ("70B gate_up", 57344, 8192), ("70B down", 8192, 28672)]
+MS = (1, 16, 64, 128, 512, 2048, 4096, 8192)
+EXTRA = [("square", 8192, 8192, 8192), ("extra", 8192, 8192, 4096), ("extra", 1024, 4096, 2048),
+         ("extra", 6144, 6144, 1280)]
+
+
+def shape_set(quick: bool):
+    if quick:
+        return [("70B o", 8192, 8192, 8192), ("8B gate_up", 4096, 28672, 4096), ("8B qkv", 2048, 6144, 4096),
+                ("70B down", 4096, 8192, 28672), ("8B o", 128, 4096, 4096), ("8B o", 16, 4096, 4096),
+                ("8B o", 1, 4096, 4096), ("70B o", 64, 8192, 8192)]
+    out = [(name, m, n, k) for (name, n, k) in LLAMA_NK for m in MS]
+    out += [(name, m, n, k) for (name, m, n, k) in EXTRA]
+    return out
+
+
+def tflops(m, n, k, ms):
+    return 2.0 * m * n * k / (ms * 1e-3) / 1e12
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--configs", default="", help="comma list of forced sm90 config ids to time as well")
+    ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args(argv)
+
+    from triton.testing import do_bench
+
+    kern = kernels_module()
+    dev = "cuda"
+    torch.manual_seed(0)
+    e4 = torch.float8_e4m3fn
+    forced = [int(c) for c in args.configs.split(",") if c.strip()]
+    rows = []
+    hdr = (f"{'layer':<12}{'M':>6}{'N':>7}{'K':>7} | {'ours_t':>7}{'ours_ch':>8}{'ours_row':>9} | {'cublas_t':>9}"
+           f"{'cublas_row':>11} | {'bf16':>6} | {'t/cuT':>6}{'row/cuR':>8}{'ch cost':>8}"
+           + "".join(f"{'cfg' + str(c):>8}" for c in forced))
+    print(hdr, flush=True)
+    for name, m, n, k in shape_set(args.quick):
+        a32 = torch.randn(m, k, device=dev)
+        b32 = torch.randn(n, k, device=dev)
+        a, b = a32.to(e4), b32.to(e4)
+        abf, bbf = a32.to(torch.bfloat16), b32.to(torch.bfloat16)
+        del a32, b32
+        s1 = torch.tensor([0.7], device=dev)
+        s2 = torch.tensor([1.3], device=dev)
+        sa_row = torch.rand(m, 1, device=dev) + 0.5
+        sb_row = torch.rand(n, 1, device=dev) + 0.5
+        sb_row_t = sb_row.reshape(1, n).contiguous()
+        bf = torch.bfloat16
+        fns = {
+            "ours_t": lambda: kern.sm90_gemm(a, b, s1, s2, None, bf),
+            "ours_ch": lambda: kern.sm90_gemm(a, b, s1, sb_row.reshape(-1), None, bf),
+            "ours_row": lambda: kern.sm90_gemm(a, b, sa_row.reshape(-1), sb_row.reshape(-1), None, bf),
+            "cublas_t": lambda: torch._scaled_mm(a, b.t(), scale_a=s1.reshape(()), scale_b=s2.reshape(()), out_dtype=bf),
+            "cublas_row": lambda: torch._scaled_mm(a, b.t(), scale_a=sa_row, scale_b=sb_row_t, out_dtype=bf),
+            "bf16": lambda: torch.matmul(abf, bbf.t()),
+        }
+        for c in forced:
+            fns[f"cfg{c}"] = (lambda c=c: kern.sm90_gemm(a, b, s1, s2, None, bf, c))
+        # sanity: ours vs cuBLASLt on this shape
+        o, r = fns["ours_t"]().float(), fns["cublas_t"]().float()
+        diff = float(1 - 2 * (o.double() * r.double()).sum() / (o.double() ** 2 + r.double() ** 2).sum())
+        res = {"layer": name, "M": m, "N": n, "K": k, "diff_vs_cublas": diff}
+        for key, fn in fns.items():
+            try:
+                ms = do_bench(fn, warmup=25, rep=args.rep, return_mode="median")
+                res[key] = {"ms": ms, "tflops": tflops(m, n, k, ms)}
+            except Exception as e:  # noqa: BLE001
+                res[key] = {"error": repr(e)[:200]}
+        rows.append(res)
+        tf = {key: (res[key].get("tflops", float("nan"))) for key in fns}
+        res["ratio_t"] = tf["ours_t"] / tf["cublas_t"]
+        res["ratio_row"] = tf["ours_row"] / tf["cublas_row"]
+        res["channel_cost"] = 1.0 - tf["ours_ch"] / tf["ours_t"]
+        print(f"{name:<12}{m:>6}{n:>7}{k:>7} | {tf['ours_t']:7.0f}{tf['ours_ch']:8.0f}{tf['ours_row']:9.0f} | "
+              f"{tf['cublas_t']:9.0f}{tf['cublas_row']:11.0f} | {tf['bf16']:6.0f} | {res['ratio_t']:6.3f}"
+              f"{res['ratio_row']:8.3f}{100 * res['channel_cost']:7.1f}%"
+              + "".join(f"{tf['cfg' + str(c)]:8.0f}" for c in forced), flush=True)
+        del a, b, abf, bbf
+        torch.cuda.empty_cache()
+
+    big = [r for r in rows if r["M"] >= 2048]
+    summary = {}
+    if big:
+        for key in ("ratio_t", "ratio_row"):
+            vals = [r[key] for r in big if r[key] == r[key] and r[key] > 0]
+            summary[f"geomean_{key}_M>=2048"] = math.exp(sum(map(math.log, vals)) / len(vals)) if vals else None
+        costs = [r["channel_cost"] for r in big]
+        summary["mean_channel_cost_M>=2048"] = sum(costs) / len(costs)
+        summary["max_channel_cost_M>=2048"] = max(costs)
+    sq = [r for r in rows if (r["M"], r["N"], r["K"]) == (8192, 8192, 8192)]
+    if sq:
+        summary["8192^3_ours_t_tflops"] = sq[0]["ours_t"].get("tflops")
+        summary["8192^3_cublas_t_tflops"] = sq[0]["cublas_t"].get("tflops")
+    print(json.dumps(summary, indent=1))
+
+    import triton
+
+    meta = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(),
+        "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "timing": f"triton.testing.do_bench median, warmup 25 ms, rep {args.rep} ms, L2 cleared per rep",
+        "out_dtype": "bfloat16",
+        "tag": args.tag,
+        "kernel_cache_key": importlib.import_module(kern.__name__ + ".jit").cache_key(),
+    }
+    outdir = pathlib.Path(args.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    path = outdir / f"gemm-{stamp}{('-' + args.tag) if args.tag else ''}.json"
+    path.write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

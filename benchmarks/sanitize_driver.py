@@ -1,0 +1,56 @@
+"""Small awkward-shape sweep over every sm90 kernel config, format pair, scale kind and out dtype;
+run under compute-sanitizer by benchmarks/sanitize.sh. Exits 1 on a wrong result."""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+import sys
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from fp8_linear.backends.sm90 import kernels_module  # noqa: E402
+
+
+def main() -> int:
+    kern = kernels_module()
+    configs = importlib.import_module(kern.__name__ + ".configs")
+    torch.manual_seed(0)
+    fmts = [(torch.float8_e4m3fn, torch.float8_e4m3fn), (torch.float8_e4m3fn, torch.float8_e5m2),
+            (torch.float8_e5m2, torch.float8_e4m3fn), (torch.float8_e5m2, torch.float8_e5m2)]
+    outs = [torch.bfloat16, torch.float16, torch.float32]
+    shapes = [(1, 72, 48), (7, 200, 16), (129, 8, 1040), (64, 136, 272), (200, 264, 400)]
+    bad = 0
+    runs = 0
+    for cfg in range(len(configs.CONFIGS)):
+        for i, (m, n, k) in enumerate(shapes):
+            fa, fb = fmts[(cfg + i) % 4]
+            od = outs[(cfg + i) % 3]
+            a = (torch.randn(m, k, device="cuda") * 2).to(fa)
+            b = (torch.randn(n, k, device="cuda") * 2).to(fb)
+            sa = torch.rand(m if i % 2 else 1, device="cuda") + 0.5
+            sb = torch.rand(n if i % 3 else 1, device="cuda") + 0.5
+            bias = [None, torch.randn(n, device="cuda"), torch.randn(n, device="cuda").bfloat16()][i % 3]
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=od)
+            kern.sm90_gemm_out(a, b, sa, sb, bias, out, cfg)
+            ref = (a.double() * sa.double().reshape(-1, 1)) @ (b.double() * sb.double().reshape(-1, 1)).T
+            if bias is not None:
+                ref = ref + bias.double()
+            o = out.double()
+            d = float(1 - 2 * (o * ref).sum() / (o * o + ref * ref).sum())
+            ok = bool(torch.isfinite(o).all()) and d < 1e-4
+            runs += 1
+            if not ok:
+                bad += 1
+                print(f"BAD cfg={cfg} M={m} N={n} K={k} {fa}/{fb} out={od} diff={d}")
+    torch.cuda.synchronize()
+    print(f"sanitize_driver: {runs} launches, {bad} wrong")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

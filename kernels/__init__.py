@@ -1,0 +1,61 @@
+"""Hopper (sm_90a) FP8 GEMM kernel: CUDA sources, the JIT builder and the torch op (issue 4).
+
+Importing this package registers ``torch.ops.fp8_linear.sm90_gemm`` (with a fake implementation for
+``torch.compile``) and builds nothing: the CUDA extension is built on the first call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .configs import CONFIGS, KernelConfig, select_config
+
+__all__ = ["CONFIGS", "KernelConfig", "select_config", "sm90_gemm", "sm90_gemm_out", "OP_NAME"]
+
+OP_NAME = "fp8_linear::sm90_gemm"
+_SCHEMA = (
+    "sm90_gemm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, "
+    "ScalarType out_dtype, int config=-1) -> Tensor"
+)
+
+
+def sm90_gemm_out(a, b, scale_a, scale_b, bias, out, config: int = -1) -> torch.Tensor:
+    """Run the kernel into a preallocated contiguous ``out`` ([M, N]); ``config=-1`` picks by shape."""
+    from . import jit
+
+    if config < 0:
+        config = select_config(a.shape[0], b.shape[0], a.shape[1]).id
+    jit.load().gemm_out(a, b, scale_a, scale_b, bias, out, int(config))
+    return out
+
+
+def _impl(a, b, scale_a, scale_b, bias, out_dtype, config=-1):
+    out = torch.empty((a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
+    return sm90_gemm_out(a, b, scale_a, scale_b, bias, out, config)
+
+
+def _fake(a, b, scale_a, scale_b, bias, out_dtype, config=-1):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+def _register() -> None:
+    ns = torch.ops.fp8_linear if hasattr(torch.ops, "fp8_linear") else None
+    try:
+        if ns is not None and hasattr(ns, "sm90_gemm"):
+            return  # already registered (module reloaded)
+    except Exception:  # pragma: no cover - torch.ops lookups raise on some versions
+        pass
+    global _lib
+    _lib = torch.library.Library("fp8_linear", "FRAGMENT")
+    _lib.define(_SCHEMA)
+    _lib.impl("sm90_gemm", _impl, "CUDA")
+    torch.library.register_fake(OP_NAME, _fake, lib=_lib)
+
+
+_lib = None
+_register()
+
+
+def sm90_gemm(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16, config: int = -1) -> torch.Tensor:
+    """``(a @ b.T) * scale_a * scale_b + bias`` through the sm90 kernel (the registered torch op)."""
+    return torch.ops.fp8_linear.sm90_gemm(a, b, scale_a, scale_b, bias, out_dtype, config)

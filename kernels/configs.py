@@ -1,0 +1,64 @@
+"""Kernel configurations of the sm90 FP8 GEMM and the shape-based choice among them.
+
+Pure Python (no CUDA, no build): the table must match ``include/sm90_api.h`` / ``sm90_gemm.cuh``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+BLOCK_M = 128
+BLOCK_K = 128
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    id: int
+    block_n: int  # tile width on the kernel's B side
+    swap_ab: bool  # True: kernel A = weight [N, K], kernel B = activation [M, K] (decode shapes)
+    pipelined: bool  # two accumulators, promotion overlapped with the next k-block
+
+
+CONFIGS: tuple[KernelConfig, ...] = (
+    KernelConfig(0, 128, False, False),
+    KernelConfig(1, 16, True, False),
+    KernelConfig(2, 32, True, False),
+    KernelConfig(3, 64, True, False),
+    KernelConfig(4, 128, False, True),
+)
+
+#: Environment override: force one config id for every problem (benchmarks, debugging).
+ENV_CONFIG = "FP8_LINEAR_SM90_CONFIG"
+
+
+def tiles(config: KernelConfig, m: int, n: int) -> int:
+    """Number of output tiles the persistent grid walks for an ``m x n`` output."""
+    rows_a, rows_b = (n, m) if config.swap_ab else (m, n)
+    return -(-rows_a // BLOCK_M) * -(-rows_b // config.block_n)
+
+
+def select_config(m: int, n: int, k: int, num_sms: int = 132) -> KernelConfig:
+    """Pick a config for an ``[m, k] x [n, k]`` problem.
+
+    Decode-like M (<= 64) puts N on wgmma's M side (swap A/B) with the narrowest tile that covers M,
+    so no tensor-core work is spent on padding rows. Otherwise the 128 x 128 tile.
+    """
+    if m <= 0 or n <= 0 or k <= 0:
+        raise ValueError(f"select_config: empty problem m={m}, n={n}, k={k}")
+    forced = os.environ.get(ENV_CONFIG)
+    if forced not in (None, ""):
+        try:
+            idx = int(forced)
+        except ValueError as e:
+            raise ValueError(f"{ENV_CONFIG}={forced!r}: expected an integer config id") from e
+        if not 0 <= idx < len(CONFIGS):
+            raise ValueError(f"{ENV_CONFIG}={forced!r}: expected 0..{len(CONFIGS) - 1}")
+        return CONFIGS[idx]
+    if m <= 16:
+        return CONFIGS[1]
+    if m <= 32:
+        return CONFIGS[2]
+    if m <= 64:
+        return CONFIGS[3]
+    return CONFIGS[0]

@@ -1,0 +1,92 @@
+// Host side of the sm90 FP8 GEMM: tensor maps (through the driver entry point, no -lcuda), operand
+// swap for decode configs, and dispatch to the per-format kernel units.
+#include <cudaTypedefs.h>
+
+#include <mutex>
+
+#include "sm90_gemm.cuh"
+
+namespace fp8sm90 {
+
+extern template const char* launch_fmt<0, 0>(const LaunchArgs&, cudaStream_t);
+extern template const char* launch_fmt<0, 1>(const LaunchArgs&, cudaStream_t);
+extern template const char* launch_fmt<1, 0>(const LaunchArgs&, cudaStream_t);
+extern template const char* launch_fmt<1, 1>(const LaunchArgs&, cudaStream_t);
+
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess) {
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    } else {
+      cudaGetLastError();  // clear
+    }
+  });
+  return fn;
+}
+
+// 2-D map over a [rows, K] K-contiguous fp8 matrix; box = 128 (K) x box_rows, 128-byte swizzle,
+// out-of-bounds elements read as zero.
+const char* make_map(CUtensorMap* map, const void* ptr, int rows, int K, int box_rows) {
+  auto fn = encode_fn();
+  if (fn == nullptr) return "cuTensorMapEncodeTiled not found through cudaGetDriverEntryPointByVersion";
+  cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
+  cuuint64_t strides[1] = {static_cast<cuuint64_t>(K)};  // bytes, dim 1
+  cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows)};
+  cuuint32_t estr[2] = {1, 1};
+  CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(ptr), dims, strides, box, estr,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? nullptr : "cuTensorMapEncodeTiled failed (alignment or shape)";
+}
+
+}  // namespace
+
+const char* gemm(const GemmArgs& g, cudaStream_t stream) {
+  if (g.config < 0 || g.config >= kNumConfigs) return "config id out of range";
+  if (g.M <= 0 || g.N <= 0 || g.K <= 0) return "empty problem";
+  if (g.K % 16 != 0) return "K must be a multiple of 16";
+  if ((reinterpret_cast<uintptr_t>(g.a) | reinterpret_cast<uintptr_t>(g.b)) % 16 != 0)
+    return "operand pointers must be 16-byte aligned";
+  int bn;
+  bool swap;
+  config_shape(g.config, bn, swap);
+
+  LaunchArgs la{};
+  la.config = g.config;
+  la.num_sms = g.num_sms > 0 ? g.num_sms : 132;
+  la.K = g.K;
+  la.ep.out = g.out;
+  la.ep.sa = g.scale_a;
+  la.ep.sb = g.scale_b;
+  la.ep.sa_row = g.scale_a_row;
+  la.ep.sb_row = g.scale_b_row;
+  la.ep.bias = g.bias;
+  la.ep.bias_kind = g.bias ? g.bias_kind : 0;
+  la.ep.out_kind = g.out_kind;
+  la.ep.M = g.M;
+  la.ep.N = g.N;
+
+  const void* ka = swap ? g.b : g.a;
+  const void* kb = swap ? g.a : g.b;
+  la.rows_a = swap ? g.N : g.M;
+  la.rows_b = swap ? g.M : g.N;
+  const int fa = swap ? g.fmt_b : g.fmt_a;
+  const int fb = swap ? g.fmt_a : g.fmt_b;
+  if (const char* e = make_map(&la.tma_a, ka, la.rows_a, g.K, kBM)) return e;
+  if (const char* e = make_map(&la.tma_b, kb, la.rows_b, g.K, bn)) return e;
+
+  if (fa == 0 && fb == 0) return launch_fmt<0, 0>(la, stream);
+  if (fa == 0 && fb == 1) return launch_fmt<0, 1>(la, stream);
+  if (fa == 1 && fb == 0) return launch_fmt<1, 0>(la, stream);
+  if (fa == 1 && fb == 1) return launch_fmt<1, 1>(la, stream);
+  return "unknown fp8 format code";
+}
+
+}  // namespace fp8sm90

@@ -1,0 +1,37 @@
+// Plain C++ interface between the torch binding (binding.cpp) and the kernel units (csrc/*.cu).
+// No torch headers here, no CUDA device code.
+#pragma once
+#include <cuda_runtime_api.h>
+
+namespace fp8sm90 {
+
+// Kernel configurations; the table must match kernels/configs.py (CONFIGS).
+//   id : (BN, swap_ab, pipelined_promotion)
+//   0  : (128, false, false)   M > 64: A rows on wgmma's M
+//   1  : ( 16, true,  false)   M <= 16: swap A/B, N on wgmma's M
+//   2  : ( 32, true,  false)   M <= 32
+//   3  : ( 64, true,  false)   M <= 64
+//   4  : (128, false, true)    as 0, two accumulators: promotion overlaps the next k-block's wgmma
+enum { kNumConfigs = 5 };
+
+struct GemmArgs {
+  const void* a;  // [M, K] fp8, K-contiguous
+  const void* b;  // [N, K] fp8, K-contiguous
+  int M, N, K;
+  int fmt_a, fmt_b;  // 0 = e4m3, 1 = e5m2
+  const float* scale_a;
+  int scale_a_row;  // 0: [1], 1: [M, 1]
+  const float* scale_b;
+  int scale_b_row;  // 0: [1], 1: [N, 1]
+  const void* bias;  // nullptr or [N]
+  int bias_kind;     // 0 none, 1 fp32, 2 bf16, 3 fp16
+  void* out;         // [M, N], row-major
+  int out_kind;      // 0 fp32, 1 bf16, 2 fp16
+  int config;        // 0 .. kNumConfigs-1
+  int num_sms;       // persistent grid size upper bound
+};
+
+// Launches on `stream`. Returns nullptr on success, else a message naming what failed.
+const char* gemm(const GemmArgs& args, cudaStream_t stream);
+
+}  // namespace fp8sm90

@@ -1,0 +1,361 @@
+// Persistent, warp-specialized FP8 GEMM for Hopper (sm_90a).
+//
+//   out[m, n] = sum_k A[m, k] * B[n, k] * scale_a[m | 0] * scale_b[n | 0] + bias[n]
+//
+// CTA = 3 warpgroups: WG0 producer (one thread issues TMA), WG1/WG2 consumers, each owning 64 rows of
+// the 128 x BN tile. BLOCK_K = 128 = one 128-byte swizzle row of fp8. K-blocks flow through a ring of
+// STAGES shared-memory stages guarded by full/empty mbarriers. Each k-block is 4 wgmma k32 steps into
+// a fresh accumulator which is then added into FP32 registers (promotion every 128 of K).
+// SWAP: the caller passed (B, A) as the kernel's (A, B) so that a large N sits on wgmma's M side
+// (decode shapes); the epilogue writes the transposed tile.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "sm90_api.h"
+#include "sm90_ptx.cuh"
+#include "sm90_wgmma.cuh"
+
+namespace fp8sm90 {
+
+constexpr int kBM = 128;
+constexpr int kBK = 128;
+constexpr int kThreads = 384;
+constexpr int kSmemLimit = 227 * 1024;
+constexpr int kGroupM = 16;  // tile raster: groups of kGroupM row-blocks, column-major inside a group
+
+struct EpiParams {
+  void* out;
+  const float* sa;  // scale of the output's rows (m)
+  const float* sb;  // scale of the output's columns (n)
+  const void* bias;
+  int M, N;  // output dims
+  int sa_row, sb_row, bias_kind, out_kind;
+};
+
+template <int BN>
+struct TileCfg {
+  static constexpr int kStageA = kBM * kBK;
+  static constexpr int kStageB = BN * kBK;
+  static constexpr int kStage = kStageA + kStageB;
+  static constexpr int kBarBytes = 2 * 8 * 16;
+  static constexpr int kStagesFit = (kSmemLimit - 1024 - kBarBytes) / kStage;
+  static constexpr int kStages = kStagesFit > 8 ? 8 : kStagesFit;
+  static constexpr int kSmem = 1024 + kStages * kStage + kBarBytes;
+  static_assert(kStages >= 4, "too few stages");
+  static_assert(kStageB % 1024 == 0, "B stage must keep 1024-byte alignment");
+};
+
+__device__ __forceinline__ void tile_coords(int t, int num_m, int num_n, int& mb, int& nb) {
+  const int per_group = kGroupM * num_n;
+  const int g = t / per_group;
+  const int first_m = g * kGroupM;
+  const int gsize = min(kGroupM, num_m - first_m);
+  const int r = t - g * per_group;
+  mb = first_m + r % gsize;
+  nb = r / gsize;
+}
+
+__device__ __forceinline__ float load_bias(const void* p, int kind, int idx) {
+  if (kind == 1) return static_cast<const float*>(p)[idx];
+  if (kind == 2) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[idx]);
+  if (kind == 3) return __half2float(static_cast<const __half*>(p)[idx]);
+  return 0.f;
+}
+
+__device__ __forceinline__ void store_one(void* out, int kind, long idx, float v) {
+  if (kind == 0) static_cast<float*>(out)[idx] = v;
+  else if (kind == 1) static_cast<__nv_bfloat16*>(out)[idx] = __float2bfloat16_rn(v);
+  else static_cast<__half*>(out)[idx] = __float2half_rn(v);
+}
+
+__device__ __forceinline__ void store_two(void* out, int kind, long idx, float v0, float v1) {
+  if (kind == 0) *reinterpret_cast<float2*>(static_cast<float*>(out) + idx) = make_float2(v0, v1);
+  else if (kind == 1) *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(out) + idx) = __floats2bfloat162_rn(v0, v1);
+  else *reinterpret_cast<__half2*>(static_cast<__half*>(out) + idx) = __floats2half2_rn(v0, v1);
+}
+
+// Accumulator fragment of wgmma m64nBN (per thread): value acc[4j + 2i + e] sits at
+// row = 16*warp + lane/4 + 8*i, col = 8*j + 2*(lane%4) + e  (of the warpgroup's 64 x BN block).
+template <int BN, bool SWAP>
+__device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiParams& ep, int row0, int col0) {
+  if constexpr (!SWAP) {
+    // kernel rows = output rows m, kernel cols = output cols n.
+    float s_r[2];
+    bool ok_r[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = row0 + 8 * i;
+      ok_r[i] = r < ep.M;
+      s_r[i] = ok_r[i] ? (ep.sa_row ? ep.sa[r] : ep.sa[0]) : 0.f;
+    }
+    const bool pair_ok = (ep.N % 2) == 0;
+    const float sb0 = ep.sb[0];
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int c = col0 + 8 * j;
+      if (c >= ep.N) continue;
+      const bool c1 = c + 1 < ep.N;
+      const float sc0 = ep.sb_row ? ep.sb[c] : sb0;
+      const float sc1 = ep.sb_row ? (c1 ? ep.sb[c + 1] : 0.f) : sb0;
+      const float b0 = load_bias(ep.bias, ep.bias_kind, c);
+      const float b1 = c1 ? load_bias(ep.bias, ep.bias_kind, c + 1) : 0.f;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if (!ok_r[i]) continue;
+        const long idx = static_cast<long>(row0 + 8 * i) * ep.N + c;
+        const float v0 = acc[4 * j + 2 * i] * (s_r[i] * sc0) + b0;
+        const float v1 = acc[4 * j + 2 * i + 1] * (s_r[i] * sc1) + b1;
+        if (pair_ok) {  // c is even, so idx is even: 2-element vector store is aligned
+          store_two(ep.out, ep.out_kind, idx, v0, v1);
+        } else {
+          store_one(ep.out, ep.out_kind, idx, v0);
+          if (c1) store_one(ep.out, ep.out_kind, idx + 1, v1);
+        }
+      }
+    }
+  } else {
+    // kernel rows = output cols n, kernel cols = output rows m: out[m, n] = acc[n-row, m-col].
+    float s_n[2], b_n[2];
+    bool ok_n[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int n = row0 + 8 * i;
+      ok_n[i] = n < ep.N;
+      s_n[i] = ok_n[i] ? (ep.sb_row ? ep.sb[n] : ep.sb[0]) : 0.f;
+      b_n[i] = ok_n[i] ? load_bias(ep.bias, ep.bias_kind, n) : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int m = col0 + 8 * j + e;
+        if (m >= ep.M) continue;
+        const float sm = ep.sa_row ? ep.sa[m] : ep.sa[0];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          if (!ok_n[i]) continue;
+          const long idx = static_cast<long>(m) * ep.N + row0 + 8 * i;
+          store_one(ep.out, ep.out_kind, idx, acc[4 * j + 2 * i + e] * (s_n[i] * sm) + b_n[i]);
+        }
+      }
+    }
+  }
+}
+
+template <int BN, int FA, int FB>
+__device__ __forceinline__ void issue_kblock(float (&acc)[BN / 2], const uint8_t* a_tile, const uint8_t* b_tile) {
+  const uint64_t da = make_desc_sw128(a_tile);
+  const uint64_t db = make_desc_sw128(b_tile);
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) fence_reg(acc[i]);
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < kBK / 32; ++k) {
+    // +32 bytes along K inside the 128-byte swizzled row = +2 in the descriptor's 16-byte units.
+    wgmma_fp8<BN, FA, FB>(acc, da + 2 * k, db + 2 * k, k);  // k == 0 overwrites (scale-d = 0)
+  }
+  wgmma_commit();
+}
+
+template <int BN>
+__device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[BN / 2]) {
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) {
+    fence_reg(acc[i]);
+    fin[i] += acc[i];
+  }
+}
+
+template <int BN, bool SWAP, bool PIPE, int FA, int FB>
+__global__ void __launch_bounds__(kThreads, 1)
+    fp8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                         int rows_a, int rows_b, int K, const EpiParams ep) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  using C = TileCfg<BN>;
+  constexpr int S = C::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* sA = smem;
+  uint8_t* sB = smem + S * C::kStageA;
+  uint64_t* full = reinterpret_cast<uint64_t*>(sB + S * C::kStageB);
+  uint64_t* empty = full + S;
+
+  const int num_m = (rows_a + kBM - 1) / kBM;
+  const int num_n = (rows_b + BN - 1) / BN;
+  const int num_kb = (K + kBK - 1) / kBK;
+  const int num_tiles = num_m * num_n;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    tma_prefetch_desc(&tma_a);
+    tma_prefetch_desc(&tma_b);
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 8);  // one arrival per consumer warp (2 warpgroups x 4 warps)
+    }
+    fence_mbar_init();
+    fence_proxy_async();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------------------------------------ producer
+    setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        int mb, nb;
+        tile_coords(t, num_m, num_n, mb, nb);
+        for (int kb = 0; kb < num_kb; ++kb) {
+          mbar_wait(&empty[stage], phase ^ 1);
+          mbar_arrive_expect_tx(&full[stage], C::kStage);  // OOB parts are zero-filled and still counted
+          tma_load_2d(sA + stage * C::kStageA, &tma_a, &full[stage], kb * kBK, mb * kBM);
+          tma_load_2d(sB + stage * C::kStageB, &tma_b, &full[stage], kb * kBK, nb * BN);
+          if (++stage == S) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    }
+  } else {
+    // ------------------------------------------------------------ consumers
+    setmaxnreg_inc<232>();
+    const int cw = wg - 1;
+    const int warp = (threadIdx.x / 32) % 4;
+    const int lane = threadIdx.x % 32;
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      int mb, nb;
+      tile_coords(t, num_m, num_n, mb, nb);
+      float fin[BN / 2];
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) fin[i] = 0.f;
+
+      if constexpr (!PIPE) {
+        float acc[BN / 2];
+        for (int kb = 0; kb < num_kb; ++kb) {
+          mbar_wait(&full[stage], phase);
+          issue_kblock<BN, FA, FB>(acc, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
+          wgmma_wait<0>();
+          if (lane == 0) mbar_arrive(&empty[stage]);
+          promote<BN>(fin, acc);
+          if (++stage == S) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      } else {
+        // Two accumulators: k-block kb+1 is in flight on the tensor cores while k-block kb is promoted.
+        float acc0[BN / 2], acc1[BN / 2];
+        int prev = stage;
+        mbar_wait(&full[stage], phase);
+        issue_kblock<BN, FA, FB>(acc0, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
+        if (++stage == S) {
+          stage = 0;
+          phase ^= 1;
+        }
+        int kb = 1;
+        bool last_in_acc1 = false;
+        while (kb < num_kb) {
+          mbar_wait(&full[stage], phase);
+          issue_kblock<BN, FA, FB>(acc1, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
+          wgmma_wait<1>();
+          if (lane == 0) mbar_arrive(&empty[prev]);
+          promote<BN>(fin, acc0);
+          prev = stage;
+          if (++stage == S) {
+            stage = 0;
+            phase ^= 1;
+          }
+          if (++kb >= num_kb) {
+            last_in_acc1 = true;
+            break;
+          }
+          mbar_wait(&full[stage], phase);
+          issue_kblock<BN, FA, FB>(acc0, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
+          wgmma_wait<1>();
+          if (lane == 0) mbar_arrive(&empty[prev]);
+          promote<BN>(fin, acc1);
+          prev = stage;
+          if (++stage == S) {
+            stage = 0;
+            phase ^= 1;
+          }
+          ++kb;
+        }
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(&empty[prev]);
+        if (last_in_acc1) promote<BN>(fin, acc1);
+        else promote<BN>(fin, acc0);
+      }
+
+      const int row0 = mb * kBM + cw * 64 + warp * 16 + lane / 4;
+      const int col0 = nb * BN + 2 * (lane % 4);
+      epilogue<BN, SWAP>(fin, ep, row0, col0);
+    }
+  }
+#endif
+}
+
+struct LaunchArgs {
+  CUtensorMap tma_a, tma_b;
+  int rows_a, rows_b, K;
+  EpiParams ep;
+  int config;
+  int num_sms;
+};
+
+template <int BN, bool SWAP, bool PIPE, int FA, int FB>
+const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
+  using C = TileCfg<BN>;
+  auto kernel = fp8_gemm_sm90_kernel<BN, SWAP, PIPE, FA, FB>;
+  // Once per instance and device (not on every launch: later calls, CUDA graph capture included, see
+  // only the launch).
+  static std::atomic<uint64_t> done_mask{0};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return cudaGetErrorString(e);
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (!(done_mask.load(std::memory_order_acquire) & bit)) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+    if (e != cudaSuccess) return cudaGetErrorString(e);
+    done_mask.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  const int tiles = ((la.rows_a + kBM - 1) / kBM) * ((la.rows_b + BN - 1) / BN);
+  const int grid = tiles < la.num_sms ? tiles : la.num_sms;
+  kernel<<<grid, kThreads, C::kSmem, stream>>>(la.tma_a, la.tma_b, la.rows_a, la.rows_b, la.K, la.ep);
+  e = cudaGetLastError();
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+}
+
+// Config table: see sm90_api.h / kernels/configs.py.
+template <int FA, int FB>
+const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
+  switch (la.config) {
+    case 0: return launch_one<128, false, false, FA, FB>(la, stream);
+    case 1: return launch_one<16, true, false, FA, FB>(la, stream);
+    case 2: return launch_one<32, true, false, FA, FB>(la, stream);
+    case 3: return launch_one<64, true, false, FA, FB>(la, stream);
+    case 4: return launch_one<128, false, true, FA, FB>(la, stream);
+    default: return "unknown kernel config";
+  }
+}
+
+// Tile width and operand order of each config (host side).
+inline void config_shape(int config, int& bn, bool& swap) {
+  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128};
+  static const bool kSwap[kNumConfigs] = {false, true, true, true, false};
+  bn = kBN[config];
+  swap = kSwap[config];
+}
+
+}  // namespace fp8sm90

@@ -1,0 +1,200 @@
+"""CPU tests of the sm90 backend's pure-Python logic: config choice, cache keys, can_run reasons,
+lazy and thread-safe build. No CUDA needed; nothing is compiled."""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from fp8_linear.backends.base import GemmProblem
+from fp8_linear.backends.sm90 import Sm90Backend, kernels_module
+
+kern = kernels_module()
+configs = importlib.import_module(kern.__name__ + ".configs")
+jit = importlib.import_module(kern.__name__ + ".jit")
+
+
+def _problem(m=64, n=72, k=128, a_dtype=torch.float8_e4m3fn, b_dtype=torch.float8_e4m3fn, ska="tensor",
+             skb="tensor", bias=None, out=torch.bfloat16, a=None, b=None):
+    a = a if a is not None else torch.randn(m, k).to(a_dtype)
+    b = b if b is not None else torch.randn(n, k).to(b_dtype)
+    sa = torch.ones(1) if ska == "tensor" else torch.ones(m, 1)
+    sb = torch.ones(1) if skb == "tensor" else torch.ones(n, 1)
+    return GemmProblem(a, b, sa, sb, bias, out, ska, skb)
+
+
+# ---------------------------------------------------------------- import / supports
+def test_import_builds_nothing():
+    assert not jit.is_loaded()
+    assert kern.OP_NAME == "fp8_linear::sm90_gemm"
+    assert hasattr(torch.ops.fp8_linear, "sm90_gemm")
+
+
+def test_supports_cpu_device():
+    ok, why = Sm90Backend().supports(torch.device("cpu"))
+    assert not ok and "CUDA" in why
+
+
+def test_supports_wrong_capability(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 9))
+    ok, why = Sm90Backend().supports(torch.device("cuda:0"))
+    assert not ok
+    assert why == "needs compute capability 9.0, device has 8.9"
+
+
+def test_supports_missing_toolchain(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    monkeypatch.setattr(jit, "find_nvcc", lambda: None)
+    ok, why = Sm90Backend().supports(torch.device("cuda:0"))
+    assert not ok and "nvcc" in why
+    assert not jit.is_loaded()
+
+
+# ---------------------------------------------------------------- can_run reasons
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        (dict(k=40), "K=40 is not a multiple of 16 (TMA needs 16-byte row strides)"),
+        (dict(k=8), "K=8 is not a multiple of 16"),
+        (dict(m=0), "empty problem M=0"),
+        (dict(n=0), "empty problem"),
+        (dict(k=0), "empty problem"),
+        (dict(ska="group"), "scale_a kind 'group'"),
+        (dict(skb="block"), "scale_b kind 'block'"),
+        (dict(out=torch.float64), "out_dtype"),
+    ],
+)
+def test_can_run_reasons(kw, needle):
+    ok, why = Sm90Backend().can_run(_problem(**kw))
+    assert not ok
+    assert needle in why
+
+
+def test_can_run_non_contiguous():
+    a = torch.randn(128, 64).to(torch.float8_e4m3fn).t()  # [64, 128], not contiguous
+    ok, why = Sm90Backend().can_run(_problem(a=a))
+    assert not ok and "contiguous" in why
+
+
+def test_can_run_valid_cpu_problem_needs_cuda():
+    ok, why = Sm90Backend().can_run(_problem())
+    assert not ok and "CUDA" in why
+
+
+# ---------------------------------------------------------------- config selection
+@pytest.mark.parametrize("m, cid, bn, swap", [(1, 1, 16, True), (16, 1, 16, True), (17, 2, 32, True),
+                                               (32, 2, 32, True), (33, 3, 64, True), (64, 3, 64, True),
+                                               (65, 0, 128, False), (8192, 0, 128, False)])
+def test_select_config(m, cid, bn, swap, monkeypatch):
+    monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
+    c = configs.select_config(m, 4096, 4096)
+    assert (c.id, c.block_n, c.swap_ab) == (cid, bn, swap)
+    # a swapped tile must cover M in one column block
+    if c.swap_ab:
+        assert m <= c.block_n
+
+
+def test_config_table_matches_header():
+    hdr = (jit.INCLUDE_DIR / "sm90_api.h").read_text()
+    assert f"kNumConfigs = {len(configs.CONFIGS)}" in hdr
+    src = (jit.INCLUDE_DIR / "sm90_gemm.cuh").read_text()
+    for c in configs.CONFIGS:
+        line = f"case {c.id}: return launch_one<{c.block_n}, {str(c.swap_ab).lower()}, {str(c.pipelined).lower()}, FA, FB>"
+        assert line in src, line
+
+
+def test_select_config_env_override(monkeypatch):
+    monkeypatch.setenv(configs.ENV_CONFIG, "4")
+    assert configs.select_config(8, 8, 16).id == 4
+    monkeypatch.setenv(configs.ENV_CONFIG, "99")
+    with pytest.raises(ValueError, match="FP8_LINEAR_SM90_CONFIG"):
+        configs.select_config(8, 8, 16)
+    monkeypatch.setenv(configs.ENV_CONFIG, "x")
+    with pytest.raises(ValueError):
+        configs.select_config(8, 8, 16)
+
+
+def test_select_config_rejects_empty():
+    with pytest.raises(ValueError):
+        configs.select_config(0, 8, 16)
+
+
+def test_tiles():
+    c0, c1 = configs.CONFIGS[0], configs.CONFIGS[1]
+    assert configs.tiles(c0, 8192, 8192) == 64 * 64
+    assert configs.tiles(c0, 129, 200) == 2 * 2
+    assert configs.tiles(c1, 1, 4096) == 32  # swapped: N on the 128-row side
+
+
+# ---------------------------------------------------------------- cache key / folder
+def test_cache_key_depends_on_sources_flags_nvcc(tmp_path):
+    f1 = tmp_path / "a.cu"
+    f1.write_text("x")
+    k0 = jit.cache_key([f1], ("-O3",), "nvcc 13.0", "t")
+    assert k0 == jit.cache_key([f1], ("-O3",), "nvcc 13.0", "t")
+    assert k0 != jit.cache_key([f1], ("-O2",), "nvcc 13.0", "t")
+    assert k0 != jit.cache_key([f1], ("-O3",), "nvcc 12.8", "t")
+    assert k0 != jit.cache_key([f1], ("-O3",), "nvcc 13.0", "u")
+    f1.write_text("y")
+    assert k0 != jit.cache_key([f1], ("-O3",), "nvcc 13.0", "t")
+
+
+def test_cache_key_covers_every_source():
+    files = [*jit.source_files(), *jit.header_files()]
+    names = {p.name for p in files}
+    assert "binding.cpp" in names and "sm90_gemm.cuh" in names and "sm90_ptx.cuh" in names
+    assert any(n.endswith(".cu") for n in names)
+    assert all(p.is_file() for p in files)
+    # binding.cpp must stay apart from the kernel units (no torch headers in .cu / .cuh)
+    for p in files:
+        if p.suffix in (".cu", ".cuh", ".h"):
+            assert "torch/" not in p.read_text(), p
+
+
+def test_cache_root_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("FP8_LINEAR_CACHE", str(tmp_path))
+    assert jit.cache_root() == tmp_path
+    assert jit.build_dir("abc") == tmp_path / "sm90-abc"
+    monkeypatch.delenv("FP8_LINEAR_CACHE")
+    assert jit.cache_root() == pathlib.Path.home() / ".cache" / "fp8_linear"
+
+
+def test_load_builds_once_under_concurrency(monkeypatch, tmp_path, capsys):
+    """Two threads asking first: one build, both get the same module, the message printed once."""
+    import torch.utils.cpp_extension as cpp
+
+    calls = []
+
+    class FakeExt:
+        pass
+
+    def fake_load(**kw):
+        calls.append(kw)
+        time.sleep(0.3)
+        return FakeExt()
+
+    monkeypatch.setenv("FP8_LINEAR_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpp, "load", fake_load)
+    monkeypatch.setattr(jit, "toolchain_status", lambda: (True, "ok"))
+    monkeypatch.setattr(jit, "_ext", None)
+    got = []
+    ths = [threading.Thread(target=lambda: got.append(jit.load())) for _ in range(2)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    assert len(calls) == 1
+    assert got[0] is got[1]
+    kw = calls[0]
+    assert any("-gencode=arch=compute_90a,code=sm_90a" in f for f in kw["extra_cuda_cflags"])
+    assert pathlib.Path(kw["build_directory"]).parent == tmp_path
+    assert capsys.readouterr().err.count(jit.BUILD_MESSAGE) == 1
+    monkeypatch.setattr(jit, "_ext", None)
