@@ -97,6 +97,9 @@ class FP8Linear(nn.Module):
             device=w.device, bias_dtype=linear.bias.dtype if linear.bias is not None else torch.float32,
         )
         gran = _WEIGHT_TO_QUANT_GRAN[scheme.weight_granularity]
+        if weight_scale is not None:
+            # Validate under the argument's own name (quantize_fp8 would call it "scale").
+            weight_scale = validate_scale(weight_scale, scale_shape(tuple(w.shape), gran), "weight_scale").to(w.device)
         q, s = quantize_fp8(w.float(), fp8, gran, scale=weight_scale)
         mod.weight.data.copy_(q)
         mod.weight_scale.data.copy_(s.reshape(mod.weight_scale.shape))
@@ -119,6 +122,8 @@ class FP8Linear(nn.Module):
             raise TypeError(f"x: expected dtype bfloat16/float16/float32, got {x.dtype}")
         if x.shape[-1:] != (self.in_features,):
             raise ShapeError(f"x: expected last dimension {self.in_features}, got shape {list(x.shape)}")
+        if x.device != self.weight.device:
+            raise ValueError(f"x: expected device {self.weight.device} (that of weight), got {x.device}")
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         fp8 = self.weight.dtype

@@ -76,15 +76,16 @@ def compute_amax(x: torch.Tensor, granularity: str) -> torch.Tensor:
     """Absolute maximum of the finite values of ``x`` per granularity cell, fp32, shaped as the scale."""
     a = _finite_abs(x.detach()).to(SCALE_DTYPE)
     if granularity == "tensor":
-        return a.amax().reshape(1)
+        # An empty tensor has amax 0 (and so gets MIN_SCALE), not a reduction error.
+        return a.amax().reshape(1) if a.numel() else torch.zeros(1, dtype=SCALE_DTYPE, device=a.device)
     if granularity in ("channel", "token"):
         scale_shape(x.shape, granularity)  # validates rank
         return a.amax(dim=-1, keepdim=True)
     if granularity == "group":
-        k = x.shape[-1]
         g = _pad_to(a, -1, GROUP_SIZE)
-        g = g.reshape(*a.shape[:-1], -1, GROUP_SIZE)
-        return g.amax(dim=-1).reshape(scale_shape(x.shape, "group")) if k else g.amax(dim=-1)
+        # Explicit group count (not -1): an empty batch [0, K] has no inferable dimension.
+        g = g.reshape(*a.shape[:-1], g.shape[-1] // GROUP_SIZE, GROUP_SIZE)
+        return g.amax(dim=-1)
     if granularity == "block":
         scale_shape(x.shape, "block")
         g = _pad_to(_pad_to(a, 0, GROUP_SIZE), 1, GROUP_SIZE)

@@ -92,8 +92,12 @@ def candidates(problem: GemmProblem) -> list[tuple[str, bool, str]]:
     return out
 
 
-def select_backend(problem: GemmProblem) -> Backend:
-    """The backend that runs ``problem`` (forced by ``FP8_LINEAR_BACKEND`` or the first able one)."""
+def select_backend(problem: GemmProblem, backends: "list[Backend] | None" = None) -> Backend:
+    """The backend that runs ``problem`` (forced by ``FP8_LINEAR_BACKEND`` or the first able one).
+
+    ``backends`` narrows the ordered list (default: :data:`BACKENDS`); the forced name is still
+    looked up in :data:`BACKENDS`.
+    """
     forced = os.environ.get(BACKEND_ENV, "").strip()
     if forced:
         b = get_backend(forced)
@@ -105,7 +109,7 @@ def select_backend(problem: GemmProblem) -> Backend:
         _log_once(b.name, f"forced by {BACKEND_ENV}")
         return b
     skipped = []
-    for b in BACKENDS:
+    for b in BACKENDS if backends is None else backends:
         ok, why = _supports(b, problem.device)
         if ok:
             ok, why = b.can_run(problem)
