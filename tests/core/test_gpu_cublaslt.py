@@ -1,0 +1,138 @@
+"""GPU: the default GEMM path (sm90 when built, else cuBLASLt) against the emulated backend.
+
+DESIGN section 7 shape set (Llama-3 8B / 70B linear layers) with a subsample of M, every preset,
+through ``FP8Linear``; ``fp8-block`` must fall to a backend that takes block scales (cuBLASLt refuses).
+Bar: calc_diff(default, forced emulated) < 1e-5. Passes with ``FP8_LINEAR_BACKEND`` unset, whether or
+not the sm90 kernel exists. Run: ``pytest -m gpu tests/core/test_gpu_cublaslt.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from helpers import KERNEL_FLOOR, calc_diff, gemm_ref64, random_fp8, random_scale, rounding_bar
+from torch import nn
+
+from fp8_linear import PRESETS, FP8Linear, fp8_gemm
+from fp8_linear.backends import BACKEND_ENV, candidates
+from fp8_linear.gemm import make_problem
+from fp8_linear.quantize import dynamic_quantize, quantize_unchecked
+
+FP8_CC = (8, 9)
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.get_device_capability() < FP8_CC,
+        reason="needs a CUDA GPU with compute capability >= 8.9",
+    ),
+]
+
+#: (N, K) of the Llama-3 8B and 70B qkv / o / gate_up / down layers (DESIGN section 7).
+LLAMA_NK = [
+    (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
+    (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672),
+]
+#: A subsample of M in 1, 16, 64, 128, 512, 2048, 4096, 8192 (decode, small, large).
+M_SUBSAMPLE = (1, 16, 128, 2048)
+#: Extra (M, N, K) of DESIGN section 7.
+EXTRA_MNK = [(8192, 8192, 4096), (1024, 4096, 2048), (6144, 6144, 1280)]
+BAR = 1e-5
+#: Calibrated input amax for the static presets (activations are N(0, 1)).
+INPUT_AMAX = 5.0
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    """The emulated reference multiplies in fp32: TF32 would make it the less accurate side."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@functools.lru_cache(maxsize=2)
+def _module(preset: str, n: int, k: int) -> FP8Linear:
+    torch.manual_seed(n * 31 + k)
+    lin = nn.Linear(k, n, bias=True, device="cuda")
+    return FP8Linear.from_linear(lin, preset, input_amax=INPUT_AMAX)
+
+
+def _problem_of(mod: FP8Linear, x: torch.Tensor):
+    """The GemmProblem that ``mod.forward(x)`` hands to the dispatcher."""
+    x2 = x.reshape(-1, mod.in_features)
+    if mod.input_scale is not None:
+        q, sa = quantize_unchecked(x2, mod.weight.dtype, mod.input_scale), mod.input_scale
+    else:
+        q, sa = dynamic_quantize(x2, mod.weight.dtype, mod.scheme.activation_granularity)
+    return make_problem(q, mod.weight, sa, mod.weight_scale, mod.bias, x.dtype)
+
+
+def _default_vs_emulated(monkeypatch, mod: FP8Linear, x: torch.Tensor) -> tuple[str, float, dict]:
+    """(backend chosen with the env unset, calc_diff(default, forced emulated), every backend's verdict)."""
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    verdicts = candidates(_problem_of(mod, x))
+    chosen = next(name for name, ok, _ in verdicts if ok)
+    out = mod(x)
+    monkeypatch.setenv(BACKEND_ENV, "emulated")
+    ref = mod(x)
+    monkeypatch.delenv(BACKEND_ENV)
+    assert out.shape == ref.shape and out.dtype == x.dtype
+    return chosen, calc_diff(out, ref), dict((n, (ok, r)) for n, ok, r in verdicts)
+
+
+def _check_backend(preset: str, chosen: str, verdicts) -> None:
+    if PRESETS[preset].weight_granularity == "block":
+        assert verdicts["cublaslt"][0] is False, verdicts["cublaslt"]
+        assert chosen in ("sm90", "emulated"), verdicts
+    else:
+        assert chosen in ("sm90", "cublaslt"), verdicts
+
+
+# The top decorator varies fastest: M innermost, so each cached module serves all its M.
+@pytest.mark.parametrize("m", M_SUBSAMPLE)
+@pytest.mark.parametrize("n,k", LLAMA_NK)
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_llama_shapes_default_vs_emulated(monkeypatch, preset, n, k, m):
+    mod = _module(preset, n, k)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    chosen, diff, verdicts = _default_vs_emulated(monkeypatch, mod, x)
+    _check_backend(preset, chosen, verdicts)
+    assert diff < BAR, f"{chosen}: calc_diff {diff:.3g} at M={m} N={n} K={k}"
+
+
+@pytest.mark.parametrize("m,n,k", EXTRA_MNK)
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_extra_shapes_default_vs_emulated(monkeypatch, preset, m, n, k):
+    mod = _module(preset, n, k)
+    x = torch.randn(2, m // 2, k, device="cuda", dtype=torch.float16)  # leading batch dims
+    chosen, diff, verdicts = _default_vs_emulated(monkeypatch, mod, x)
+    _check_backend(preset, chosen, verdicts)
+    assert diff < BAR
+
+
+@pytest.mark.parametrize("preset", ["fp8-tensor", "fp8-dynamic"])
+def test_repeated_runs_bitwise_identical(monkeypatch, preset):
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    mod = _module(preset, 4096, 4096)
+    x = torch.randn(127, 4096, device="cuda", dtype=torch.bfloat16)
+    first = mod(x)
+    for _ in range(10):
+        assert torch.equal(mod(x).view(torch.int16), first.view(torch.int16))
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("kinds", [("tensor", "tensor"), ("row", "row"), ("tensor", "row")])
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (127, 4104, 1040), (64, 72 + 8, 16400)])
+def test_forced_cublaslt_vs_fp64_reference(monkeypatch, out_dtype, kinds, m, n, k):
+    monkeypatch.setenv(BACKEND_ENV, "cublaslt")
+    a, b = random_fp8((m, k), torch.float8_e4m3fn, "cuda"), random_fp8((n, k), torch.float8_e4m3fn, "cuda")
+    sa = random_scale((1,) if kinds[0] == "tensor" else (m, 1), "cuda")
+    sb = random_scale((1,) if kinds[1] == "tensor" else (n, 1), "cuda")
+    bias = torch.randn(n, device="cuda")
+    out = fp8_gemm(a, b, sa, sb, bias, out_dtype)
+    ref = gemm_ref64(a, b, sa, sb, bias)
+    # Row-wise torch._scaled_mm writes bf16 only; the backend converts afterwards.
+    effective = torch.bfloat16 if "row" in kinds else out_dtype
+    assert calc_diff(out, ref) <= max(rounding_bar(ref, effective, KERNEL_FLOOR), rounding_bar(ref, out_dtype, KERNEL_FLOOR))
