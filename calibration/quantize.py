@@ -1,0 +1,231 @@
+"""``quantize_model``: calibrate static activation scales and swap every ``nn.Linear`` for ``FP8Linear``.
+
+The steps are public so that ``compare_schemes`` can calibrate once and quantize copies with
+several schemes:
+
+1. :func:`select_linears` -- the ``nn.Linear`` modules to quantize (``ignore`` patterns as
+   compressed-tensors writes them: exact module names, ``re:`` regexes (``re.match``), or class names);
+2. :func:`calibrate` -- forward hooks under ``torch.inference_mode`` fold each layer's input into an
+   :class:`~fp8_linear.calibration.observers.ActivationObserver` (padding excluded; bounded memory);
+3. :func:`apply_quantization` -- replace each module by ``FP8Linear.from_linear`` with the observer's
+   ``input_amax`` and a weight scale from the scheme's weight observer.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from fp8_linear.errors import CalibrationError
+from fp8_linear.module import FP8Linear
+from fp8_linear.scheme import QuantScheme, resolve_scheme
+
+from .data import DEFAULT_BATCH_SIZE, DEFAULT_MAX_SAMPLES, DEFAULT_SEQ_LEN, Batch, materialize_batches
+from .observers import ActivationObserver, weight_scale
+
+DEFAULT_IGNORE = ("lm_head",)
+REGEX_PREFIX = "re:"
+
+
+def _matches(name: str, module: nn.Module, pattern: str) -> bool:
+    if pattern.startswith(REGEX_PREFIX):
+        return re.match(pattern[len(REGEX_PREFIX):], name) is not None
+    return pattern == name or type(module).__name__ == pattern
+
+
+def _tied_weight_ids(model: nn.Module) -> set[int]:
+    """ids of Linear weights that another module (e.g. the input embedding) shares."""
+    owners: dict[int, int] = {}
+    for m in model.modules():
+        for p in m.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    return {pid for pid, n in owners.items() if n > 1}
+
+
+def select_linears(model: nn.Module, ignore: Iterable[str] = DEFAULT_IGNORE) -> dict[str, nn.Linear]:
+    """The ``nn.Linear`` modules of ``model`` to quantize, by qualified name, in module order.
+
+    Skips modules matching any ``ignore`` pattern (exact name, ``re:<regex>`` matched with
+    ``re.match`` from the start of the name, or a class name) and Linear layers whose weight is
+    tied to another module (the usual ``lm_head`` = embeddings). A user pattern that matches no
+    module gets a ``UserWarning`` naming it. Raises ``ValueError`` if no ``nn.Linear`` is left.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(ignore, str):
+        ignore = (ignore,)
+    ignore = tuple(ignore or ())
+    used = {p: False for p in ignore}
+    tied = _tied_weight_ids(model)
+    chosen: dict[str, nn.Linear] = {}
+    n_linear = 0
+    for name, mod in model.named_modules():
+        hit = [p for p in ignore if _matches(name, mod, p)]
+        for p in hit:
+            used[p] = True
+        if not isinstance(mod, nn.Linear) or isinstance(mod, FP8Linear):
+            continue
+        n_linear += 1
+        if hit or id(mod.weight) in tied:
+            continue
+        chosen[name] = mod
+    for p, ok in used.items():
+        if not ok and not (p in DEFAULT_IGNORE and p not in dict(model.named_modules())):
+            warnings.warn(f"ignore: pattern {p!r} matches no module of {type(model).__name__}", UserWarning, stacklevel=3)
+    if not chosen:
+        raise ValueError(
+            f"model: expected at least one nn.Linear to quantize, got {n_linear} nn.Linear in "
+            f"{type(model).__name__} ({n_linear} ignored or tied)" if n_linear else
+            f"model: expected at least one nn.Linear to quantize, {type(model).__name__} has none"
+        )
+    return chosen
+
+
+def _forward_target(model: nn.Module, targets: dict[str, nn.Module]) -> nn.Module:
+    """The smallest module whose forward reaches every target: the transformers base model
+    (skipping e.g. the LM head's vocabulary projection) when all targets live inside it."""
+    prefix = getattr(model, "base_model_prefix", None)
+    base = getattr(model, prefix, None) if prefix else None
+    if isinstance(base, nn.Module) and base is not model and all(n.startswith(prefix + ".") for n in targets):
+        return base
+    return model
+
+
+def calibrate(
+    model: nn.Module,
+    targets: dict[str, nn.Module],
+    batches: Iterable[Batch],
+    *,
+    progress: bool = True,
+    observers: dict[str, ActivationObserver] | None = None,
+) -> dict[str, ActivationObserver]:
+    """Run ``batches`` through ``model`` and observe the input of every module in ``targets``.
+
+    Args:
+        model: the (unquantized) model; called as ``model(input_ids=[B, T], attention_mask=[B, T])``.
+        targets: modules to observe, by qualified name (from :func:`select_linears`).
+        batches: token batches (:class:`~fp8_linear.calibration.data.Batch`).
+        progress: show a tqdm bar over batches.
+        observers: existing observers to keep accumulating into.
+
+    Returns:
+        one :class:`ActivationObserver` per target name. Padding positions (``attention_mask == 0``)
+        never reach an observer. Raises :class:`CalibrationError` naming the layer on NaN/inf
+        activations, and if no target saw any token.
+    """
+    from tqdm.auto import tqdm
+
+    obs = observers if observers is not None else {n: ActivationObserver(n) for n in targets}
+    state: dict[str, torch.Tensor | None] = {"mask": None}
+
+    def make_hook(name: str):
+        def hook(_mod, args, kwargs):
+            x = args[0] if args else next(iter(kwargs.values()))
+            mask = state["mask"]
+            if mask is not None and x.dim() >= 2 and x.shape[:-1].numel() == mask.numel():
+                x = x.reshape(-1, x.shape[-1])[mask]
+            obs[name].update(x)
+
+        return hook
+
+    handles = [m.register_forward_pre_hook(make_hook(n), with_kwargs=True) for n, m in targets.items()]
+    runner = _forward_target(model, targets)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    batches = list(batches) if not isinstance(batches, list) else batches
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for b in tqdm(batches, desc="calibrating", unit="batch", disable=not progress):
+                if b.num_tokens == 0:
+                    continue
+                state["mask"] = b.attention_mask.reshape(-1).bool().to(device)
+                runner(input_ids=b.input_ids.to(device), attention_mask=b.attention_mask.to(device))
+    finally:
+        state["mask"] = None
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    empty = [n for n, o in obs.items() if o.count == 0]
+    if len(empty) == len(obs):
+        raise CalibrationError(f"calib_data: no calibration token reached any of the {len(obs)} layers (empty or all padding)")
+    if empty:
+        raise CalibrationError(f"calib_data: layer {empty[0]!r} (and {len(empty) - 1} more) saw no calibration token")
+    return obs
+
+
+def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+def apply_quantization(
+    model: nn.Module,
+    targets: dict[str, nn.Linear],
+    scheme: "str | QuantScheme",
+    observers: dict[str, ActivationObserver] | None = None,
+) -> nn.Module:
+    """Replace each ``targets`` module of ``model`` (in place) by ``FP8Linear.from_linear``.
+
+    Static schemes need ``observers`` (from :func:`calibrate`) for every target: ``input_amax`` is
+    ``observers[name].amax(scheme.activation_observer)``. Weight scales come from
+    :func:`~fp8_linear.calibration.observers.weight_scale` with ``scheme.weight_observer``.
+    """
+    scheme = resolve_scheme(scheme)
+    for name, lin in targets.items():
+        amax = None
+        if scheme.static:
+            if observers is None or name not in observers:
+                raise CalibrationError(f"observers: static scheme {scheme.name!r} needs calibration statistics for layer {name!r}, got none")
+            amax = observers[name].amax(scheme.activation_observer, scheme.fmt)
+        ws = weight_scale(lin.weight.detach(), scheme.weight_granularity, scheme.fmt, scheme.weight_observer)
+        _set_module(model, name, FP8Linear.from_linear(lin, scheme, input_amax=amax, weight_scale=ws))
+    return model
+
+
+def quantize_model(
+    model: nn.Module,
+    calib_data=None,
+    scheme: "str | QuantScheme" = "fp8-channel",
+    *,
+    tokenizer=None,
+    ignore: Iterable[str] = DEFAULT_IGNORE,
+    max_samples: int = DEFAULT_MAX_SAMPLES,
+    seq_len: int = DEFAULT_SEQ_LEN,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool = True,
+) -> nn.Module:
+    """Quantize a transformers model to FP8 in place and return it.
+
+    Args:
+        model: a ``transformers`` model (or any ``nn.Module`` taking ``input_ids``/``attention_mask``).
+        calib_data: calibration data in any form of :mod:`fp8_linear.calibration.data` (strings with a
+            tokenizer, token-id tensors ``[T]``/``[B, T]``, dicts with ``input_ids``/``attention_mask``,
+            a DataLoader, a ``datasets.Dataset``); ``None`` = the embedded corpus' calibration split.
+            Not used by dynamic schemes (``fp8-dynamic``, ``fp8-block``).
+        scheme: a preset name (``fp8-tensor``, ``fp8-channel``, ``fp8-dynamic``, ``fp8-block``) or a
+            :class:`~fp8_linear.QuantScheme`.
+        tokenizer: turns text into token ids (needed for text and for ``calib_data=None``).
+        ignore: modules to keep in high precision: exact names, ``re:`` regexes, or class names.
+        max_samples / seq_len / batch_size: calibration samples, tokens per sample, samples per forward.
+        progress: show tqdm progress bars.
+
+    Returns:
+        ``model``, with every selected ``nn.Linear`` replaced by an ``FP8Linear``.
+
+    Raises:
+        ValueError: no ``nn.Linear`` to quantize, or bad arguments.
+        CalibrationError: empty / all-padding calibration data, or NaN/inf activations (layer named).
+    """
+    scheme = resolve_scheme(scheme)
+    targets = select_linears(model, ignore)
+    observers = None
+    if scheme.static:
+        batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size)
+        observers = calibrate(model, targets, batches, progress=progress)
+    with torch.no_grad():
+        return apply_quantization(model, targets, scheme, observers)
