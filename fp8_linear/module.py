@@ -141,7 +141,8 @@ class FP8Linear(nn.Module):
             raise TypeError(f"weight: expected an FP8 dtype, got {self.weight.dtype}")
         if tuple(self.weight.shape) != (self.out_features, self.in_features):
             raise ShapeError(f"weight: expected shape [{self.out_features}, {self.in_features}], got {list(self.weight.shape)}")
-        validate_scale(self.weight_scale, tuple(self.weight_scale.shape), "weight_scale")
+        wshape = scale_shape((self.out_features, self.in_features), _WEIGHT_TO_QUANT_GRAN[self.scheme.weight_granularity])
+        validate_scale(self.weight_scale, wshape, "weight_scale")
         if self.input_scale is not None:
             validate_scale(self.input_scale, (1,), "input_scale")
 

@@ -110,7 +110,13 @@ def expand_scale(scale: torch.Tensor, shape: tuple[int, ...] | torch.Size) -> to
         return s.repeat_interleave(GROUP_SIZE, dim=-1)[..., : shape[-1]]
     if s.dim() == 2 and len(shape) == 2:
         return s.repeat_interleave(GROUP_SIZE, 0).repeat_interleave(GROUP_SIZE, 1)[: shape[0], : shape[1]]
-    raise ScaleError(f"scale: shape {list(s.shape)} does not fit a tensor of shape {list(shape)}")
+    lead, k = list(shape[:-1]), shape[-1] if shape else 1
+    accepted = [[1], lead + [1], lead + [math.ceil(k / GROUP_SIZE)]]
+    if len(shape) == 2:
+        accepted.append([math.ceil(shape[0] / GROUP_SIZE), math.ceil(k / GROUP_SIZE)])
+    raise ScaleError(
+        f"scale: expected shape {' or '.join(dict.fromkeys(map(str, accepted)))} for a tensor of shape {list(shape)}, got {list(s.shape)}"
+    )
 
 
 def validate_scale(scale: torch.Tensor, expected_shape: tuple[int, ...], name: str = "scale") -> torch.Tensor:
