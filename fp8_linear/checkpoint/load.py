@@ -1,0 +1,299 @@
+"""``load_quantized``: any supported FP8 checkpoint -> a model of ``FP8Linear`` modules.
+
+The model is built from ``config.json`` on the meta device (``accelerate.init_empty_weights``),
+the Linear modules the quantization config targets become :class:`FP8Linear` of the equivalent
+scheme, every header is checked against the model (names, dtypes, shapes, index, truncation)
+before any tensor is read, and then only the stored tensors are materialized, one at a time,
+straight from the safetensors files: peak memory is about the checkpoint size, never a
+bf16 copy of the model. Any mismatch raises :class:`CheckpointError` naming the tensor or file.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError, FP8LinearError
+from ..formats import FORMATS, SCALE_DTYPE
+from ..module import FP8Linear
+from .plan import QuantPlan
+from .readers import CONFIG_FILE, read_plan
+from .save import INCOMPLETE_MARKER
+from .shards import TensorInfo, list_tensors
+
+log = logging.getLogger(__name__)
+
+#: safetensors dtype strings of the FP8 formats, and of the dtypes a scale may be stored in.
+FP8_ST_DTYPES = {"e4m3": "F8_E4M3", "e5m2": "F8_E5M2"}
+FLOAT_ST_DTYPES = ("F64", "F32", "F16", "BF16")
+SCALE_ST_DTYPES = FLOAT_ST_DTYPES + ("F8_E8M0",)
+ST_DTYPE_OF = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+}
+
+
+def _build_empty_model(folder: str, dtype: torch.dtype | None) -> nn.Module:
+    """The model of ``folder/config.json`` with parameters on the meta device (buffers real)."""
+    import transformers
+    from accelerate import init_empty_weights
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{os.path.join(folder, CONFIG_FILE)}: transformers cannot read it ({e})") from e
+    qc = getattr(config, "quantization_config", None)
+    if qc is not None:
+        delattr(config, "quantization_config")  # build the plain model; we do the quantized modules ourselves
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    cls = getattr(transformers, arch, None) if arch else None
+    kw = {"dtype": dtype} if dtype is not None else {}
+    with init_empty_weights():
+        model = cls._from_config(config, **kw) if cls is not None else transformers.AutoModel.from_config(config, **kw)
+    if qc is not None:
+        model.config.quantization_config = qc
+    tie = getattr(model, "tie_weights", None)
+    if callable(tie):
+        tie()  # transformers skips tying on meta; tied names then share one parameter (alias groups)
+    return model.eval()
+
+
+def _swap_linears(model: nn.Module, plan: QuantPlan, dtype: torch.dtype | None) -> dict[str, FP8Linear]:
+    """Replace every ``nn.Linear`` the plan quantizes by a meta :class:`FP8Linear`; ``{name: module}``."""
+    swapped = {}
+    for name, mod in list(model.named_modules()):
+        if not isinstance(mod, nn.Linear):
+            continue
+        scheme = plan.scheme_for(name, mod)
+        if scheme is None:
+            continue
+        bias_dtype = dtype or (mod.bias.dtype if mod.bias is not None else torch.float32)
+        new = FP8Linear(mod.in_features, mod.out_features, mod.bias is not None, scheme, device="meta", bias_dtype=bias_dtype)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, new)
+        swapped[name] = new
+    if not swapped:
+        raise CheckpointError(f"quantization_config ({plan.method}): targets no Linear module of the model")
+    return swapped
+
+
+def _state_entries(model: nn.Module) -> tuple[dict[str, torch.Tensor], list[list[str]]]:
+    """``(entries, alias_groups)``: every state-dict name -> its (meta) tensor, and the parameter names
+    grouped by parameter (tied weights share one). Persistent buffers are entries but may be absent
+    (they are built for real, not on meta)."""
+    entries, by_id = {}, {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        entries[name] = p
+        by_id.setdefault(id(p), []).append(name)
+    for mname, mod in model.named_modules(remove_duplicate=False):
+        for bname, b in mod._buffers.items():
+            if b is not None and bname not in mod._non_persistent_buffers_set:
+                full = f"{mname}.{bname}" if mname else bname
+                entries[full] = b
+    return entries, list(by_id.values())
+
+
+def _key_mapper(stored: set[str], expected: set[str], prefix: str):
+    """Map stored names onto the model's: identity, or adding / stripping ``base_model_prefix``."""
+    cands = [lambda k: k]
+    if prefix:
+        p = prefix + "."
+        cands += [lambda k: k[len(p):] if k.startswith(p) else k, lambda k: p + k]
+    return max(cands, key=lambda f: sum(f(k) in expected for k in stored))
+
+
+def _check_float(key: str, info: TensorInfo, allowed: tuple[str, ...], what: str) -> None:
+    if info.dtype not in allowed:
+        raise CheckpointError(f"{key}: expected {what} ({'/'.join(allowed)}), got {info.dtype} in {os.path.basename(info.file)}")
+
+
+def _fp8_expectation(key: str, info: TensorInfo, mod: FP8Linear, pname: str) -> tuple[int, ...]:
+    """Validate a stored FP8Linear tensor's dtype and shape; the shape to reshape it to."""
+    fname = os.path.basename(info.file)
+    if pname == "weight":
+        want = FP8_ST_DTYPES[mod.scheme.fmt]
+        if info.dtype != want:
+            raise CheckpointError(f"{key}: expected {want} (FP8 weight of scheme {mod.scheme.name}), got {info.dtype} in {fname}")
+        exp = (mod.out_features, mod.in_features)
+    elif pname in ("weight_scale", "input_scale"):
+        _check_float(key, info, SCALE_ST_DTYPES, "a float scale")
+        exp = tuple(getattr(mod, pname).shape)
+        # accepted spellings of the same scale: scalar [] or [1, 1] for [1]; [out] for [out, 1]
+        same = info.shape == exp or (math.prod(info.shape) == math.prod(exp) and (
+            exp == (1,) or (len(exp) == 2 and exp[1] == 1 and info.shape == exp[:1])))
+        if not same:
+            raise CheckpointError(
+                f"{key}: expected shape {list(exp)} ({mod.scheme.weight_granularity if pname == 'weight_scale' else 'static'}"
+                f" scale of scheme {mod.scheme.name}), got {list(info.shape)} in {fname}")
+        return exp
+    else:  # bias
+        _check_float(key, info, FLOAT_ST_DTYPES, "a float bias")
+        exp = (mod.out_features,)
+    if info.shape != exp:
+        raise CheckpointError(f"{key}: expected shape {list(exp)}, got {list(info.shape)} in {fname}")
+    return exp
+
+
+def _plain_expectation(key: str, info: TensorInfo, ref: torch.Tensor, ignored_linear: bool) -> None:
+    fname = os.path.basename(info.file)
+    if info.dtype in FP8_ST_DTYPES.values():
+        why = " (the quantization config leaves this Linear unquantized)" if ignored_linear else ""
+        raise CheckpointError(f"{key}: expected a non-FP8 tensor{why}, got {info.dtype} in {fname}")
+    if ref.dtype.is_floating_point:
+        _check_float(key, info, FLOAT_ST_DTYPES, "a float tensor")
+    elif info.dtype != ST_DTYPE_OF.get(ref.dtype):
+        raise CheckpointError(f"{key}: expected {ST_DTYPE_OF.get(ref.dtype, ref.dtype)}, got {info.dtype} in {fname}")
+    if info.shape != tuple(ref.shape):
+        raise CheckpointError(f"{key}: expected shape {list(ref.shape)}, got {list(info.shape)} in {fname}")
+
+
+def _plan_reads(model, plan, swapped, stored: dict[str, TensorInfo]):
+    """Check every stored header against the model; ``(reads, zero_checks, alias_groups)``.
+
+    ``reads``: ``{model_name: (stored_key, target_shape)}`` for one name per tied group;
+    ``zero_checks``: stored zero-point keys that must hold zeros.
+    """
+    entries, alias_groups = _state_entries(model)
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    mapper = _key_mapper(set(stored), set(entries) | {k for k in stored if _split(k)[0] in swapped}, prefix)
+    ignored_linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    reads, zero_checks = {}, []
+    for skey in sorted(stored):
+        info, mkey = stored[skey], mapper(skey)
+        owner, suffix = _split(mkey)
+        if owner in swapped:
+            mod = swapped[owner]
+            if suffix in plan.zero_points:
+                zero_checks.append(skey)
+                continue
+            pname = plan.fp8_name(suffix)
+            mkey = f"{owner}.{pname}"
+            if mkey not in entries:
+                raise CheckpointError(
+                    f"{skey}: unexpected tensor in {os.path.basename(info.file)} (module {owner} is FP8 with scheme "
+                    f"{mod.scheme.name}: weight, weight_scale{', input_scale' if mod.scheme.static else ''}"
+                    f"{', bias' if mod.bias is not None else ''})")
+            reads[mkey] = (skey, _fp8_expectation(skey, info, mod, pname))
+            continue
+        if mkey not in entries:
+            raise CheckpointError(f"{skey}: unexpected tensor in {os.path.basename(info.file)} (the model has no such "
+                                  f"parameter or buffer)")
+        _plain_expectation(skey, info, entries[mkey], owner in ignored_linears)
+        reads[mkey] = (skey, tuple(info.shape))
+    for group in alias_groups:
+        present = [n for n in group if n in reads]
+        if not present:
+            raise CheckpointError(f"{group[0]}: missing from the checkpoint (expected shape {list(entries[group[0]].shape)})")
+        for extra in present[1:]:
+            del reads[extra]
+    return reads, zero_checks, alias_groups
+
+
+def _split(key: str) -> tuple[str, str]:
+    owner, _, suffix = key.rpartition(".")
+    return owner, suffix
+
+
+def _assign(model: nn.Module, name: str, value: torch.Tensor) -> None:
+    owner, attr = _split(name)
+    mod = model.get_submodule(owner) if owner else model
+    if attr in mod._parameters:
+        mod._parameters[attr] = nn.Parameter(value, requires_grad=False)
+    else:
+        mod._buffers[attr] = value
+
+
+def _materialize(model, swapped, stored, reads, zero_checks, dtype, device) -> None:
+    from safetensors import safe_open
+
+    by_file: dict[str, list[tuple[str, str, tuple]]] = {}
+    for mkey, (skey, shape) in reads.items():
+        by_file.setdefault(stored[skey].file, []).append((mkey, skey, shape))
+    for skey in zero_checks:
+        by_file.setdefault(stored[skey].file, []).append((None, skey, None))
+    for path, items in by_file.items():
+        try:
+            with safe_open(path, framework="pt", device=str(device)) as f:
+                for mkey, skey, shape in items:
+                    t = f.get_tensor(skey)
+                    if mkey is None:
+                        if t.float().abs().max().item() != 0:
+                            raise CheckpointError(f"{skey}: expected all-zero (symmetric) zero points, got non-zero values")
+                        continue
+                    owner, pname = _split(mkey)
+                    if owner in swapped and pname in ("weight_scale", "input_scale"):
+                        t = t.to(SCALE_DTYPE).reshape(shape)
+                    elif t.dtype.is_floating_point and t.dtype not in FORMATS.values() and dtype is not None:
+                        t = t.to(dtype)
+                    _assign(model, mkey, t)
+        except CheckpointError:
+            raise
+        except Exception as e:  # safetensors raises its own error types for corrupt data
+            raise CheckpointError(f"{os.path.basename(path)}: cannot read tensors ({type(e).__name__}: {e})") from e
+
+
+def _retie(model: nn.Module, alias_groups: list[list[str]]) -> None:
+    for group in alias_groups:
+        src = next(model.get_parameter(n) for n in group if model.get_parameter(n).device.type != "meta")
+        for n in group:
+            owner, attr = _split(n)
+            (model.get_submodule(owner) if owner else model)._parameters[attr] = src
+
+
+def load_quantized(path: str | os.PathLike, device_map=None, dtype: torch.dtype | None = torch.bfloat16) -> nn.Module:
+    """Load an FP8 checkpoint folder into a model whose quantized Linear layers are :class:`FP8Linear`.
+
+    Args:
+        path: folder with ``config.json`` and ``model.safetensors`` (or shards plus
+            ``model.safetensors.index.json``), written by :func:`save_quantized`, llm-compressor
+            (compressed-tensors), vLLM / AutoFP8 / transformers ``FineGrainedFP8Config`` (``fp8``),
+            transformers ``fbgemm_fp8`` or NVIDIA ModelOpt (see ``readers.py``).
+        device_map: ``None`` / ``"cpu"`` / ``"cuda:0"`` / a ``torch.device`` (tensors are read straight
+            onto it), or an accelerate device map dict / ``"auto"`` (dispatched after loading on CPU).
+        dtype: dtype of the non-quantized tensors (embeddings, norms, biases, ignored Linear layers);
+            ``None`` keeps the stored dtypes. FP8 weights stay FP8 ``[out, in]``; scales are fp32.
+
+    Returns:
+        the model (``eval()`` mode), its ``config.quantization_config`` the stored dict.
+
+    Raises:
+        CheckpointError: naming the tensor or file, for a missing / extra / mis-shaped / wrongly typed
+            tensor, a truncated or inconsistent safetensors file, an unknown ``quant_method``, a config
+            that disagrees with the tensors, invalid scales, or an unfinished save.
+    """
+    folder = os.fspath(path)
+    if not os.path.isdir(folder):
+        raise CheckpointError(f"path: expected a checkpoint folder, got {folder!r} (not a directory)")
+    if os.path.exists(os.path.join(folder, INCOMPLETE_MARKER)):
+        raise CheckpointError(f"{os.path.join(folder, INCOMPLETE_MARKER)}: the save into {folder!r} never finished")
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype in FORMATS.values()):
+        raise TypeError(f"dtype: expected a float dtype (torch.bfloat16/float16/float32) or None, got {dtype!r}")
+    dispatch = isinstance(device_map, dict) or device_map == "auto"
+    device = torch.device("cpu") if device_map is None or dispatch else torch.device(device_map)
+
+    plan, _ = read_plan(folder)
+    for note in plan.notes:
+        log.warning(note)
+    stored = list_tensors(folder)
+    model = _build_empty_model(folder, dtype)
+    swapped = _swap_linears(model, plan, dtype)
+    reads, zero_checks, alias_groups = _plan_reads(model, plan, swapped, stored)
+    _materialize(model, swapped, stored, reads, zero_checks, dtype, device)
+    _retie(model, alias_groups)
+    for name, mod in swapped.items():
+        try:
+            mod.check()
+        except (FP8LinearError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{name}: {e}") from e
+    if not dispatch:
+        model.to(device)  # buffers built on CPU follow the tensors
+    else:
+        from accelerate import dispatch_model, infer_auto_device_map
+
+        dmap = infer_auto_device_map(model) if device_map == "auto" else device_map
+        model = dispatch_model(model, dmap)
+    return model
