@@ -19,13 +19,15 @@ _SCHEMA = (
 )
 
 
-def sm90_gemm_out(a, b, scale_a, scale_b, bias, out, config: int = -1) -> torch.Tensor:
-    """Run the kernel into a preallocated contiguous ``out`` ([M, N]); ``config=-1`` picks by shape."""
+def sm90_gemm_out(a, b, scale_a, scale_b, bias, out, config: int = -1, direct_store: bool = False) -> torch.Tensor:
+    """Run the kernel into a preallocated contiguous ``out`` ([M, N]); ``config=-1`` picks by shape.
+
+    ``direct_store=True`` forces the register -> global epilogue instead of the TMA store (tests)."""
     from . import jit
 
     if config < 0:
         config = select_config(a.shape[0], b.shape[0], a.shape[1]).id
-    jit.load().gemm_out(a, b, scale_a, scale_b, bias, out, int(config))
+    jit.load().gemm_out(a, b, scale_a, scale_b, bias, out, int(config), 1 if direct_store else 0)
     return out
 
 

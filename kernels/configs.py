@@ -17,15 +17,13 @@ class KernelConfig:
     id: int
     block_n: int  # tile width on the kernel's B side
     swap_ab: bool  # True: kernel A = weight [N, K], kernel B = activation [M, K] (decode shapes)
-    pipelined: bool  # two accumulators, promotion overlapped with the next k-block
 
 
 CONFIGS: tuple[KernelConfig, ...] = (
-    KernelConfig(0, 128, False, False),
-    KernelConfig(1, 16, True, False),
-    KernelConfig(2, 32, True, False),
-    KernelConfig(3, 64, True, False),
-    KernelConfig(4, 128, False, True),
+    KernelConfig(0, 128, False),
+    KernelConfig(1, 16, True),
+    KernelConfig(2, 32, True),
+    KernelConfig(3, 64, True),
 )
 
 #: Environment override: force one config id for every problem (benchmarks, debugging).

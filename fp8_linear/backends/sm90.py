@@ -92,6 +92,8 @@ class Sm90Backend(Backend):
             return False, f"a/b dtypes {p.a.dtype}/{p.b.dtype} are not float8_e4m3fn/float8_e5m2"
         if p.a.dim() != 2 or p.b.dim() != 2:
             return False, "a and b must be 2-D"
+        if p.out_dtype not in _OUT:
+            return False, f"out_dtype {p.out_dtype} is not bf16, fp16 or fp32"
         m, n, k = p.m, p.n, p.k
         if m == 0 or n == 0 or k == 0:
             return False, f"empty problem M={m}, N={n}, K={k}"
@@ -105,8 +107,6 @@ class Sm90Backend(Backend):
             return False, "a and b data pointers must be 16-byte aligned (TMA)"
         if p.a.device.type != "cuda" or p.b.device != p.a.device:
             return False, f"a and b must be on one CUDA device, got {p.a.device} and {p.b.device}"
-        if p.out_dtype not in _OUT:
-            return False, f"out_dtype {p.out_dtype} is not bf16, fp16 or fp32"
         for nm, s, rows in (("scale_a", p.scale_a, m), ("scale_b", p.scale_b, n)):
             if s.device != p.a.device:
                 return False, f"{nm} is on {s.device}, not {p.a.device}"

@@ -17,7 +17,7 @@ int fmt_code(const at::Tensor& t, const char* name) {
 
 // out = (a @ b.T) * scale_a * scale_b + bias, written into `out` ([M, N], contiguous).
 void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
-              const c10::optional<at::Tensor>& bias, at::Tensor& out, int64_t config) {
+              const c10::optional<at::Tensor>& bias, at::Tensor& out, int64_t config, int64_t flags) {
   TORCH_CHECK(a.is_cuda() && b.is_cuda() && out.is_cuda(), "sm90_gemm: tensors must be on CUDA");
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1), "sm90_gemm: a [M, K] and b [N, K] expected");
   TORCH_CHECK(a.is_contiguous() && b.is_contiguous() && out.is_contiguous(), "sm90_gemm: contiguous tensors expected");
@@ -63,6 +63,7 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
     default: TORCH_CHECK(false, "sm90_gemm: out must be float32, bfloat16 or float16, got ", out.scalar_type());
   }
   g.config = static_cast<int>(config);
+  g.force_direct_store = (flags & 1) ? 1 : 0;
   const c10::cuda::CUDAGuard guard(a.device());
   g.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const char* err = fp8sm90::gemm(g, at::cuda::getCurrentCUDAStream());
@@ -72,6 +73,8 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gemm_out", &gemm_out, "FP8 GEMM (sm_90a) into a preallocated output");
+  m.def("gemm_out", &gemm_out, "FP8 GEMM (sm_90a) into a preallocated output; flags bit 0: direct-store epilogue",
+        pybind11::arg("a"), pybind11::arg("b"), pybind11::arg("scale_a"), pybind11::arg("scale_b"),
+        pybind11::arg("bias"), pybind11::arg("out"), pybind11::arg("config"), pybind11::arg("flags") = 0);
   m.attr("num_configs") = static_cast<int>(fp8sm90::kNumConfigs);
 }

@@ -46,6 +46,24 @@ const char* make_map(CUtensorMap* map, const void* ptr, int rows, int K, int box
   return r == CUDA_SUCCESS ? nullptr : "cuTensorMapEncodeTiled failed (alignment or shape)";
 }
 
+// Output map for the TMA-store epilogue: [M, N] row-major of `out_kind`, box = one 128-byte
+// swizzle row (32 fp32 / 64 16-bit elements) x 64 rows.
+const char* make_out_map(CUtensorMap* map, void* ptr, int M, int N, int out_kind) {
+  auto fn = encode_fn();
+  if (fn == nullptr) return "cuTensorMapEncodeTiled not found through cudaGetDriverEntryPointByVersion";
+  const int esize = out_kind == 0 ? 4 : 2;
+  const CUtensorMapDataType dt = out_kind == 0   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                 : out_kind == 1 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  cuuint64_t dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M)};
+  cuuint64_t strides[1] = {static_cast<cuuint64_t>(N) * esize};
+  cuuint32_t box[2] = {static_cast<cuuint32_t>(128 / esize), 64};
+  cuuint32_t estr[2] = {1, 1};
+  CUresult r = fn(map, dt, 2, ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? nullptr : "cuTensorMapEncodeTiled failed for the output";
+}
+
 }  // namespace
 
 const char* gemm(const GemmArgs& g, cudaStream_t stream) {
@@ -81,6 +99,14 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   const int fb = swap ? g.fmt_a : g.fmt_b;
   if (const char* e = make_map(&la.tma_a, ka, la.rows_a, g.K, kBM)) return e;
   if (const char* e = make_map(&la.tma_b, kb, la.rows_b, g.K, bn)) return e;
+  const int esize = g.out_kind == 0 ? 4 : 2;
+  la.ep.tma_store = (!swap && (static_cast<long>(g.N) * esize) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(g.out) % 16 == 0 && g.force_direct_store == 0)
+                        ? 1
+                        : 0;
+  if (la.ep.tma_store) {
+    if (const char* e = make_out_map(&la.tma_out, g.out, g.M, g.N, g.out_kind)) return e;
+  }
 
   if (fa == 0 && fb == 0) return launch_fmt<0, 0>(la, stream);
   if (fa == 0 && fb == 1) return launch_fmt<0, 1>(la, stream);

@@ -6,13 +6,12 @@
 namespace fp8sm90 {
 
 // Kernel configurations; the table must match kernels/configs.py (CONFIGS).
-//   id : (BN, swap_ab, pipelined_promotion)
-//   0  : (128, false, false)   M > 64: A rows on wgmma's M
-//   1  : ( 16, true,  false)   M <= 16: swap A/B, N on wgmma's M
-//   2  : ( 32, true,  false)   M <= 32
-//   3  : ( 64, true,  false)   M <= 64
-//   4  : (128, false, true)    as 0, two accumulators: promotion overlaps the next k-block's wgmma
-enum { kNumConfigs = 5 };
+//   id : (BN, swap_ab)
+//   0  : (128, false)   M > 64: A rows on wgmma's M; TMA-store epilogue when N * esize % 16 == 0
+//   1  : ( 16, true )   M <= 16: swap A/B, N on wgmma's M
+//   2  : ( 32, true )   M <= 32
+//   3  : ( 64, true )   M <= 64
+enum { kNumConfigs = 4 };
 
 struct GemmArgs {
   const void* a;  // [M, K] fp8, K-contiguous
@@ -29,6 +28,7 @@ struct GemmArgs {
   int out_kind;      // 0 fp32, 1 bf16, 2 fp16
   int config;        // 0 .. kNumConfigs-1
   int num_sms;       // persistent grid size upper bound
+  int force_direct_store;  // 1: never use the TMA-store epilogue (tests of the fallback path)
 };
 
 // Launches on `stream`. Returns nullptr on success, else a message naming what failed.

@@ -35,19 +35,23 @@ struct EpiParams {
   const void* bias;
   int M, N;  // output dims
   int sa_row, sb_row, bias_kind, out_kind;
+  int tma_store;  // 1: epilogue through shared memory + TMA store (non-swap, N * esize % 16 == 0)
 };
 
-template <int BN>
+template <int BN, bool SWAP>
 struct TileCfg {
   static constexpr int kStageA = kBM * kBK;
   static constexpr int kStageB = BN * kBK;
   static constexpr int kStage = kStageA + kStageB;
+  static constexpr int kCTile = SWAP ? 0 : 2 * 64 * BN * 4;  // per consumer WG: 64 x BN, up to fp32
+  static constexpr int kVec = 2 * 2 * BN * 4;                // per consumer WG: column scale + column bias
   static constexpr int kBarBytes = 2 * 8 * 16;
-  static constexpr int kStagesFit = (kSmemLimit - 1024 - kBarBytes) / kStage;
+  static constexpr int kStagesFit = (kSmemLimit - 1024 - kCTile - kVec - kBarBytes) / kStage;
   static constexpr int kStages = kStagesFit > 8 ? 8 : kStagesFit;
-  static constexpr int kSmem = 1024 + kStages * kStage + kBarBytes;
+  static constexpr int kSmem = 1024 + kStages * kStage + kCTile + kVec + kBarBytes;
   static_assert(kStages >= 4, "too few stages");
   static_assert(kStageB % 1024 == 0, "B stage must keep 1024-byte alignment");
+  static_assert(kSmem <= kSmemLimit, "shared memory");
 };
 
 __device__ __forceinline__ void tile_coords(int t, int num_m, int num_n, int& mb, int& nb) {
@@ -61,7 +65,7 @@ __device__ __forceinline__ void tile_coords(int t, int num_m, int num_n, int& mb
 }
 
 __device__ __forceinline__ float load_bias(const void* p, int kind, int idx) {
-  if (kind == 1) return static_cast<const float*>(p)[idx];
+  if (kind == 1) return __ldg(static_cast<const float*>(p) + idx);
   if (kind == 2) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[idx]);
   if (kind == 3) return __half2float(static_cast<const __half*>(p)[idx]);
   return 0.f;
@@ -79,37 +83,116 @@ __device__ __forceinline__ void store_two(void* out, int kind, long idx, float v
   else *reinterpret_cast<__half2*>(static_cast<__half*>(out) + idx) = __floats2half2_rn(v0, v1);
 }
 
+// Per-tile epilogue operands fetched from global memory at the START of the tile (their latency
+// hides behind the main loop): two per-thread row values and one column value per thread.
+struct EpiPrefetch {
+  float row_scale[2];  // non-swap: scale_a[m]; swap: scale_b[n]
+  float row_bias[2];   // swap only: bias[n]
+  float col_scale;     // non-swap: scale_b[n]; swap: scale_a[m]   (thread tid < BN: column tid)
+  float col_bias;      // non-swap: bias[n]
+};
+
+template <int BN, bool SWAP>
+__device__ __forceinline__ void epi_prefetch(EpiPrefetch& pf, const EpiParams& ep, int row0, int col_base, int tid) {
+  const int rows_lim = SWAP ? ep.N : ep.M;
+  const int cols_lim = SWAP ? ep.M : ep.N;
+  const float* rs = SWAP ? ep.sb : ep.sa;
+  const int rs_row = SWAP ? ep.sb_row : ep.sa_row;
+  const float* cs = SWAP ? ep.sa : ep.sb;
+  const int cs_row = SWAP ? ep.sa_row : ep.sb_row;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = row0 + 8 * i;
+    const bool ok = r < rows_lim;
+    pf.row_scale[i] = ok ? __ldg(rs + (rs_row ? r : 0)) : 0.f;
+    pf.row_bias[i] = (SWAP && ok) ? load_bias(ep.bias, ep.bias_kind, r) : 0.f;
+  }
+  const int c = col_base + tid;
+  const bool okc = tid < BN && c < cols_lim;
+  pf.col_scale = okc ? __ldg(cs + (cs_row ? c : 0)) : 0.f;
+  pf.col_bias = (!SWAP && okc) ? load_bias(ep.bias, ep.bias_kind, c) : 0.f;
+}
+
 // Accumulator fragment of wgmma m64nBN (per thread): value acc[4j + 2i + e] sits at
 // row = 16*warp + lane/4 + 8*i, col = 8*j + 2*(lane%4) + e  (of the warpgroup's 64 x BN block).
+// vec: this warpgroup's shared column vectors, [0, BN) scale, [BN, 2BN) bias.
+// ctile: this warpgroup's 64 x BN output staging buffer (TMA store path).
 template <int BN, bool SWAP>
-__device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiParams& ep, int row0, int col0) {
+__device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiParams& ep, const EpiPrefetch& pf,
+                                         const float* vec, uint8_t* ctile, const CUtensorMap* tma_out,
+                                         int row0, int col_base, int lr0, int lane, int tid, int bar_id,
+                                         int tile_row0) {
   if constexpr (!SWAP) {
-    // kernel rows = output rows m, kernel cols = output cols n.
-    float s_r[2];
-    bool ok_r[2];
+    const float* vs = vec;
+    const float* vb = vec + BN;
+    if (ep.tma_store) {
+      // Stage the 64 x BN tile in shared memory with the 128-byte swizzle (conflict-free writes),
+      // then one thread stores it with TMA, which clips rows >= M and columns >= N.
+      const int lc = 2 * (lane % 4);
+      if (ep.out_kind == 0) {
+        constexpr int W = 32;  // fp32 elements per 128-byte swizzle row
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = row0 + 8 * i;
-      ok_r[i] = r < ep.M;
-      s_r[i] = ok_r[i] ? (ep.sa_row ? ep.sa[r] : ep.sa[0]) : 0.f;
+        for (int j = 0; j < BN / 8; ++j) {
+          const int c = 8 * j + lc;
+          const float s0 = vs[c], s1 = vs[c + 1], b0 = vb[c], b1 = vb[c + 1];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int r = lr0 + 8 * i;
+            const float v0 = acc[4 * j + 2 * i] * (pf.row_scale[i] * s0) + b0;
+            const float v1 = acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1;
+            const int sub = c / W, byte = (c % W) * 4;
+            uint8_t* dst = ctile + sub * (64 * 128) + r * 128 + ((((byte >> 4) ^ (r & 7)) << 4) | (byte & 15));
+            *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+          }
+        }
+      } else {
+        constexpr int W = 64;  // 16-bit elements per 128-byte swizzle row
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int c = 8 * j + lc;
+          const float s0 = vs[c], s1 = vs[c + 1], b0 = vb[c], b1 = vb[c + 1];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int r = lr0 + 8 * i;
+            const float v0 = acc[4 * j + 2 * i] * (pf.row_scale[i] * s0) + b0;
+            const float v1 = acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1;
+            const int sub = c / W, byte = (c % W) * 2;
+            uint8_t* dst = ctile + sub * (64 * 128) + r * 128 + ((((byte >> 4) ^ (r & 7)) << 4) | (byte & 15));
+            if (ep.out_kind == 1) *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
+            else *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(v0, v1);
+          }
+        }
+      }
+      fence_proxy_async();  // make the generic-proxy smem writes visible to the TMA engine
+      named_bar_sync(bar_id, 128);
+      if (tid == 0 && tile_row0 < ep.M) {
+        const int W = ep.out_kind == 0 ? 32 : 64;
+#pragma unroll
+        for (int sub = 0; sub < BN * 4 / 128; ++sub) {
+          if (sub * W < BN && col_base + sub * W < ep.N)
+            tma_store_2d(tma_out, ctile + sub * (64 * 128), col_base + sub * W, tile_row0);
+        }
+        bulk_commit();
+      }
+      return;
     }
+    // Direct (clipped) global stores.
     const bool pair_ok = (ep.N % 2) == 0;
-    const float sb0 = ep.sb[0];
+    const int col0 = col_base + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
       const int c = col0 + 8 * j;
       if (c >= ep.N) continue;
+      const int lc = c - col_base;
       const bool c1 = c + 1 < ep.N;
-      const float sc0 = ep.sb_row ? ep.sb[c] : sb0;
-      const float sc1 = ep.sb_row ? (c1 ? ep.sb[c + 1] : 0.f) : sb0;
-      const float b0 = load_bias(ep.bias, ep.bias_kind, c);
-      const float b1 = c1 ? load_bias(ep.bias, ep.bias_kind, c + 1) : 0.f;
+      const float s0 = vs[lc], s1 = vs[lc + 1], b0 = vb[lc], b1 = vb[lc + 1];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        if (!ok_r[i]) continue;
-        const long idx = static_cast<long>(row0 + 8 * i) * ep.N + c;
-        const float v0 = acc[4 * j + 2 * i] * (s_r[i] * sc0) + b0;
-        const float v1 = acc[4 * j + 2 * i + 1] * (s_r[i] * sc1) + b1;
+        const int r = row0 + 8 * i;
+        if (r >= ep.M) continue;
+        const long idx = static_cast<long>(r) * ep.N + c;
+        const float v0 = acc[4 * j + 2 * i] * (pf.row_scale[i] * s0) + b0;
+        const float v1 = acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1;
         if (pair_ok) {  // c is even, so idx is even: 2-element vector store is aligned
           store_two(ep.out, ep.out_kind, idx, v0, v1);
         } else {
@@ -120,27 +203,20 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
     }
   } else {
     // kernel rows = output cols n, kernel cols = output rows m: out[m, n] = acc[n-row, m-col].
-    float s_n[2], b_n[2];
-    bool ok_n[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int n = row0 + 8 * i;
-      ok_n[i] = n < ep.N;
-      s_n[i] = ok_n[i] ? (ep.sb_row ? ep.sb[n] : ep.sb[0]) : 0.f;
-      b_n[i] = ok_n[i] ? load_bias(ep.bias, ep.bias_kind, n) : 0.f;
-    }
+    const int col0 = col_base + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int m = col0 + 8 * j + e;
         if (m >= ep.M) continue;
-        const float sm = ep.sa_row ? ep.sa[m] : ep.sa[0];
+        const float sm = vec[m - col_base];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          if (!ok_n[i]) continue;
-          const long idx = static_cast<long>(m) * ep.N + row0 + 8 * i;
-          store_one(ep.out, ep.out_kind, idx, acc[4 * j + 2 * i + e] * (s_n[i] * sm) + b_n[i]);
+          const int n = row0 + 8 * i;
+          if (n >= ep.N) continue;
+          const long idx = static_cast<long>(m) * ep.N + n;
+          store_one(ep.out, ep.out_kind, idx, acc[4 * j + 2 * i + e] * (pf.row_scale[i] * sm) + pf.row_bias[i]);
         }
       }
     }
@@ -162,27 +238,21 @@ __device__ __forceinline__ void issue_kblock(float (&acc)[BN / 2], const uint8_t
   wgmma_commit();
 }
 
-template <int BN>
-__device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[BN / 2]) {
-#pragma unroll
-  for (int i = 0; i < BN / 2; ++i) {
-    fence_reg(acc[i]);
-    fin[i] += acc[i];
-  }
-}
-
-template <int BN, bool SWAP, bool PIPE, int FA, int FB>
+template <int BN, bool SWAP, int FA, int FB>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
-                         int rows_a, int rows_b, int K, const EpiParams ep) {
+                         const __grid_constant__ CUtensorMap tma_out, int rows_a, int rows_b, int K,
+                         const EpiParams ep) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  using C = TileCfg<BN>;
+  using C = TileCfg<BN, SWAP>;
   constexpr int S = C::kStages;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* sA = smem;
   uint8_t* sB = smem + S * C::kStageA;
-  uint64_t* full = reinterpret_cast<uint64_t*>(sB + S * C::kStageB);
+  uint8_t* sC = sB + S * C::kStageB;
+  float* sVec = reinterpret_cast<float*>(sC + C::kCTile);
+  uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(sVec) + C::kVec);
   uint64_t* empty = full + S;
 
   const int num_m = (rows_a + kBM - 1) / kBM;
@@ -229,95 +299,72 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ------------------------------------------------------------ consumers
     setmaxnreg_inc<232>();
     const int cw = wg - 1;
-    const int warp = (threadIdx.x / 32) % 4;
-    const int lane = threadIdx.x % 32;
+    const int tid = threadIdx.x % 128;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int bar_id = 1 + cw;
+    float* vec = sVec + cw * 2 * BN;
+    uint8_t* ctile = sC + cw * (C::kCTile / 2);
     int stage = 0;
     uint32_t phase = 0;
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
       int mb, nb;
       tile_coords(t, num_m, num_n, mb, nb);
+      const int lr0 = warp * 16 + lane / 4;  // local row inside the warpgroup's 64 rows
+      const int tile_row0 = mb * kBM + cw * 64;
+      const int row0 = tile_row0 + lr0;
+      const int col_base = nb * BN;
+      EpiPrefetch pf;
+      epi_prefetch<BN, SWAP>(pf, ep, row0, col_base, tid);
+
       float fin[BN / 2];
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) fin[i] = 0.f;
-
-      if constexpr (!PIPE) {
-        float acc[BN / 2];
-        for (int kb = 0; kb < num_kb; ++kb) {
-          mbar_wait(&full[stage], phase);
-          issue_kblock<BN, FA, FB>(acc, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
-          wgmma_wait<0>();
-          if (lane == 0) mbar_arrive(&empty[stage]);
-          promote<BN>(fin, acc);
-          if (++stage == S) {
-            stage = 0;
-            phase ^= 1;
-          }
-        }
-      } else {
-        // Two accumulators: k-block kb+1 is in flight on the tensor cores while k-block kb is promoted.
-        float acc0[BN / 2], acc1[BN / 2];
-        int prev = stage;
+      float acc[BN / 2];
+      for (int kb = 0; kb < num_kb; ++kb) {
         mbar_wait(&full[stage], phase);
-        issue_kblock<BN, FA, FB>(acc0, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
+        issue_kblock<BN, FA, FB>(acc, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(&empty[stage]);
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) {
+          fence_reg(acc[i]);
+          fin[i] += acc[i];  // FP32 promotion every 128 of K
+        }
         if (++stage == S) {
           stage = 0;
           phase ^= 1;
         }
-        int kb = 1;
-        bool last_in_acc1 = false;
-        while (kb < num_kb) {
-          mbar_wait(&full[stage], phase);
-          issue_kblock<BN, FA, FB>(acc1, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
-          wgmma_wait<1>();
-          if (lane == 0) mbar_arrive(&empty[prev]);
-          promote<BN>(fin, acc0);
-          prev = stage;
-          if (++stage == S) {
-            stage = 0;
-            phase ^= 1;
-          }
-          if (++kb >= num_kb) {
-            last_in_acc1 = true;
-            break;
-          }
-          mbar_wait(&full[stage], phase);
-          issue_kblock<BN, FA, FB>(acc0, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
-          wgmma_wait<1>();
-          if (lane == 0) mbar_arrive(&empty[prev]);
-          promote<BN>(fin, acc1);
-          prev = stage;
-          if (++stage == S) {
-            stage = 0;
-            phase ^= 1;
-          }
-          ++kb;
-        }
-        wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(&empty[prev]);
-        if (last_in_acc1) promote<BN>(fin, acc1);
-        else promote<BN>(fin, acc0);
       }
 
-      const int row0 = mb * kBM + cw * 64 + warp * 16 + lane / 4;
-      const int col0 = nb * BN + 2 * (lane % 4);
-      epilogue<BN, SWAP>(fin, ep, row0, col0);
+      // The previous tile's epilogue of this warpgroup is done with vec / ctile (and its TMA store
+      // has finished reading ctile) once everyone passes this barrier.
+      if (!SWAP && tid == 0) bulk_wait_read0();
+      named_bar_sync(bar_id, 128);
+      if (tid < BN) {
+        vec[tid] = pf.col_scale;
+        vec[BN + tid] = pf.col_bias;
+      }
+      named_bar_sync(bar_id, 128);
+      epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, &tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
     }
+    if (!SWAP && tid == 0) bulk_wait0();
   }
 #endif
 }
 
 struct LaunchArgs {
-  CUtensorMap tma_a, tma_b;
+  CUtensorMap tma_a, tma_b, tma_out;
   int rows_a, rows_b, K;
   EpiParams ep;
   int config;
   int num_sms;
 };
 
-template <int BN, bool SWAP, bool PIPE, int FA, int FB>
+template <int BN, bool SWAP, int FA, int FB>
 const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
-  using C = TileCfg<BN>;
-  auto kernel = fp8_gemm_sm90_kernel<BN, SWAP, PIPE, FA, FB>;
+  using C = TileCfg<BN, SWAP>;
+  auto kernel = fp8_gemm_sm90_kernel<BN, SWAP, FA, FB>;
   // Once per instance and device (not on every launch: later calls, CUDA graph capture included, see
   // only the launch).
   static std::atomic<uint64_t> done_mask{0};
@@ -332,7 +379,7 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
   }
   const int tiles = ((la.rows_a + kBM - 1) / kBM) * ((la.rows_b + BN - 1) / BN);
   const int grid = tiles < la.num_sms ? tiles : la.num_sms;
-  kernel<<<grid, kThreads, C::kSmem, stream>>>(la.tma_a, la.tma_b, la.rows_a, la.rows_b, la.K, la.ep);
+  kernel<<<grid, kThreads, C::kSmem, stream>>>(la.tma_a, la.tma_b, la.tma_out, la.rows_a, la.rows_b, la.K, la.ep);
   e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
@@ -341,19 +388,18 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
 template <int FA, int FB>
 const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
   switch (la.config) {
-    case 0: return launch_one<128, false, false, FA, FB>(la, stream);
-    case 1: return launch_one<16, true, false, FA, FB>(la, stream);
-    case 2: return launch_one<32, true, false, FA, FB>(la, stream);
-    case 3: return launch_one<64, true, false, FA, FB>(la, stream);
-    case 4: return launch_one<128, false, true, FA, FB>(la, stream);
+    case 0: return launch_one<128, false, FA, FB>(la, stream);
+    case 1: return launch_one<16, true, FA, FB>(la, stream);
+    case 2: return launch_one<32, true, FA, FB>(la, stream);
+    case 3: return launch_one<64, true, FA, FB>(la, stream);
     default: return "unknown kernel config";
   }
 }
 
 // Tile width and operand order of each config (host side).
 inline void config_shape(int config, int& bn, bool& swap) {
-  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128};
-  static const bool kSwap[kNumConfigs] = {false, true, true, true, false};
+  static const int kBN[kNumConfigs] = {128, 16, 32, 64};
+  static const bool kSwap[kNumConfigs] = {false, true, true, true};
   bn = kBN[config];
   swap = kSwap[config];
 }
