@@ -43,7 +43,7 @@ struct TileCfg {
   static constexpr int kStageA = kBM * kBK;
   static constexpr int kStageB = BN * kBK;
   static constexpr int kStage = kStageA + kStageB;
-  static constexpr int kCTile = SWAP ? 0 : 2 * 64 * BN * 4;  // per consumer WG: 64 x BN, up to fp32
+  static constexpr int kCTile = SWAP ? 0 : 2 * 64 * BN * 2;  // per consumer WG: 64 x BN 16-bit (fp32: 2 passes)
   static constexpr int kVec = 2 * 2 * BN * 4;                // per consumer WG: column scale + column bias
   static constexpr int kBarBytes = 2 * 8 * 16;
   static constexpr int kStagesFit = (kSmemLimit - 1024 - kCTile - kVec - kBarBytes) / kStage;
@@ -130,19 +130,39 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
       // then one thread stores it with TMA, which clips rows >= M and columns >= N.
       const int lc = 2 * (lane % 4);
       if (ep.out_kind == 0) {
-        constexpr int W = 32;  // fp32 elements per 128-byte swizzle row
+        // fp32: 64 columns (two 32-column swizzle blocks, 16 KiB) per pass.
+        static_assert(BN % 64 == 0, "TMA-store epilogue needs BN % 64 == 0");
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const int c = 8 * j + lc;
-          const float s0 = vs[c], s1 = vs[c + 1], b0 = vb[c], b1 = vb[c + 1];
+        for (int h = 0; h < BN / 64; ++h) {
+          if (h > 0) {
+            if (tid == 0) bulk_wait_read0();
+            named_bar_sync(bar_id, 128);
+          }
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int r = lr0 + 8 * i;
-            const float v0 = acc[4 * j + 2 * i] * (pf.row_scale[i] * s0) + b0;
-            const float v1 = acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1;
-            const int sub = c / W, byte = (c % W) * 4;
-            uint8_t* dst = ctile + sub * (64 * 128) + r * 128 + ((((byte >> 4) ^ (r & 7)) << 4) | (byte & 15));
-            *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+          for (int jj = 0; jj < 8; ++jj) {
+            const int j = h * 8 + jj;
+            const int c = 8 * j + lc;
+            const float s0 = vs[c], s1 = vs[c + 1], b0 = vb[c], b1 = vb[c + 1];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const int r = lr0 + 8 * i;
+              const float v0 = acc[4 * j + 2 * i] * (pf.row_scale[i] * s0) + b0;
+              const float v1 = acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1;
+              const int cl = c - 64 * h;
+              const int sub = cl / 32, byte = (cl % 32) * 4;
+              uint8_t* dst = ctile + sub * (64 * 128) + r * 128 + ((((byte >> 4) ^ (r & 7)) << 4) | (byte & 15));
+              *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+            }
+          }
+          fence_proxy_async();  // generic-proxy smem writes -> visible to the TMA engine
+          named_bar_sync(bar_id, 128);
+          if (tid == 0 && tile_row0 < ep.M) {
+#pragma unroll
+            for (int sub = 0; sub < 2; ++sub) {
+              const int gc = col_base + 64 * h + 32 * sub;
+              if (gc < ep.N) tma_store_2d(tma_out, ctile + sub * (64 * 128), gc, tile_row0);
+            }
+            bulk_commit();
           }
         }
       } else {
@@ -162,17 +182,16 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
             else *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(v0, v1);
           }
         }
-      }
-      fence_proxy_async();  // make the generic-proxy smem writes visible to the TMA engine
-      named_bar_sync(bar_id, 128);
-      if (tid == 0 && tile_row0 < ep.M) {
-        const int W = ep.out_kind == 0 ? 32 : 64;
+        fence_proxy_async();  // generic-proxy smem writes -> visible to the TMA engine
+        named_bar_sync(bar_id, 128);
+        if (tid == 0 && tile_row0 < ep.M) {
 #pragma unroll
-        for (int sub = 0; sub < BN * 4 / 128; ++sub) {
-          if (sub * W < BN && col_base + sub * W < ep.N)
-            tma_store_2d(tma_out, ctile + sub * (64 * 128), col_base + sub * W, tile_row0);
+          for (int sub = 0; sub < BN / W; ++sub) {
+            const int gc = col_base + sub * W;
+            if (gc < ep.N) tma_store_2d(tma_out, ctile + sub * (64 * 128), gc, tile_row0);
+          }
+          bulk_commit();
         }
-        bulk_commit();
       }
       return;
     }
