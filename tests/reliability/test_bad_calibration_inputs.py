@@ -1,0 +1,82 @@
+"""Bad-input catalogue for ``fp8_linear.quantize_model`` (calibration), on a tiny real Llama.
+
+The calibration engineer's tests (tests/calibration) check the behaviour; these check the
+message contract: error type, and the argument, expected and actual value named."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from catalogue import Bad, check_bad, params
+from tiny_models import VOCAB, tiny_llama, token_batch
+from torch import nn
+
+from fp8_linear import CalibrationError, FP8Linear, quantize_model
+
+IDS = token_batch()
+Q_PROJ = "model.layers.0.self_attn.q_proj"
+
+
+def _quantize(data, scheme="fp8-tensor", model=None, **kw):
+    return lambda: quantize_model(model if model is not None else tiny_llama(), data, scheme, progress=False, **kw)
+
+
+def _poisoned(module_path: str, value: float):
+    """A tiny Llama whose ``module_path`` weight has one ``value`` (NaN/inf) entry."""
+    m = tiny_llama()
+    with torch.no_grad():
+        m.get_submodule(module_path).weight.view(-1)[0] = value
+    return m
+
+
+CASES = [
+    Bad("calib-empty-list", _quantize([]), CalibrationError, "calib_data", "at least one non-padding token", "0 real tokens"),
+    Bad("calib-all-padding", _quantize([{"input_ids": IDS, "attention_mask": torch.zeros_like(IDS)}]),
+        CalibrationError, "calib_data", "at least one non-padding token", "0 real tokens"),
+    Bad("calib-nan-activation", _quantize([torch.zeros(8, dtype=torch.long)], model=_poisoned("model.embed_tokens", float("nan"))),
+        CalibrationError, f"layer '{Q_PROJ}'", "finite", "NaN/inf"),
+    Bad("calib-inf-activation", _quantize([IDS], model=_poisoned("model.layers.1.mlp.up_proj", float("inf"))),
+        CalibrationError, "layer 'model.layers.1.mlp.down_proj'", "finite", "NaN/inf"),
+    Bad("calib-float-ids", _quantize([IDS.float()]), TypeError, "input_ids", "integer", "torch.float32"),
+    Bad("calib-3d-ids", _quantize([IDS.reshape(1, 2, 16)]), ValueError, "input_ids", "[B, T]", "[1, 2, 16]"),
+    Bad("calib-mask-shape", _quantize([{"input_ids": IDS, "attention_mask": torch.ones(2, 15)}]),
+        ValueError, "attention_mask", "[2, 16]", "[2, 15]"),
+    Bad("calib-text-no-tokenizer", _quantize(["some text"]), ValueError, "tokenizer", "needs a tokenizer", "None"),
+    Bad("calib-not-iterable", _quantize(5), TypeError, "calib_data", "a DataLoader", "int"),
+    Bad("calib-mapping-keys", _quantize([{"ids": IDS}]), ValueError, "calib_data", "'input_ids'", "['ids']"),
+    Bad("calib-unknown-scheme", _quantize([IDS], scheme="fp8-row"), ValueError, "scheme", "'fp8-channel'", "'fp8-row'"),
+    Bad("calib-model-not-module", lambda: quantize_model("HuggingFaceTB/SmolLM2-135M", [IDS], progress=False),
+        TypeError, "model", "torch.nn.Module", "str"),
+    Bad("calib-no-linear", lambda: quantize_model(nn.Sequential(nn.Embedding(4, 4)), [IDS], progress=False),
+        ValueError, "model", "at least one nn.Linear", "has none"),
+    Bad("calib-everything-ignored", _quantize([IDS], ignore=("re:.*",)), ValueError, "model", "at least one nn.Linear", "ignored"),
+]
+
+
+@params(CASES)
+def test_bad_calibration_input(case):
+    check_bad(case)
+
+
+def test_ignore_pattern_matching_nothing_warns_with_the_pattern():
+    with pytest.warns(UserWarning) as rec:
+        quantize_model(tiny_llama(), None, "fp8-dynamic", ignore=("lm_head", "model.layers.9.mlp", "re:decoder\\."), progress=False)
+    msgs = [str(r.message) for r in rec]
+    for pattern in ("'model.layers.9.mlp'", "'re:decoder\\\\.'"):
+        assert any("ignore" in m and pattern in m for m in msgs), msgs
+
+
+def test_tied_lm_head_stays_tied_and_unquantized_even_when_not_ignored():
+    m = tiny_llama()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to warn about: ignore=() names no pattern
+        quantize_model(m, [IDS], "fp8-channel", ignore=(), progress=False)
+    assert type(m.lm_head) is nn.Linear and m.lm_head.weight is m.model.embed_tokens.weight
+    assert sum(isinstance(x, FP8Linear) for x in m.modules()) == 14
+
+
+def test_out_of_vocabulary_ids_are_not_silently_accepted():
+    with pytest.raises((IndexError, ValueError)):
+        quantize_model(tiny_llama(), [torch.tensor([VOCAB + 6, 3])], "fp8-tensor", progress=False)
