@@ -137,6 +137,12 @@ def validate_scale(scale: torch.Tensor, expected_shape: tuple[int, ...], name: s
     return scale.to(SCALE_DTYPE).reshape(expected_shape)
 
 
+def _check_same_device(t, ref: torch.Tensor, name: str, ref_name: str) -> None:
+    """``ValueError`` naming ``name`` when tensor ``t`` is not on ``ref``'s device."""
+    if isinstance(t, torch.Tensor) and t.device != ref.device:
+        raise ValueError(f"{name}: expected device {ref.device} (that of {ref_name}), got {t.device}")
+
+
 def _stochastic_round(y: torch.Tensor, dtype: torch.dtype, generator: torch.Generator | None) -> torch.Tensor:
     """Round fp32 ``y`` (already inside the format's range) to a neighbour on the FP8 grid,
     up with probability equal to the distance from the lower neighbour in ulps (unbiased)."""
@@ -183,6 +189,7 @@ def quantize_fp8(
     if scale is None:
         scale = scale_from_amax(compute_amax(x, granularity), dtype)
     else:
+        _check_same_device(scale, x, "scale", "x")
         scale = validate_scale(scale, shp)
     return quantize_unchecked(x, dtype, scale, rounding, generator), scale
 
@@ -219,4 +226,7 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype 
     """
     if not isinstance(q, torch.Tensor) or q.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
         raise TypeError(f"q: expected an FP8 tensor (float8_e4m3fn/float8_e5m2), got {getattr(q, 'dtype', type(q).__name__)}")
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(f"scale: expected a torch.Tensor, got {type(scale).__name__}")
+    _check_same_device(scale, q, "scale", "q")
     return (q.to(SCALE_DTYPE) * expand_scale(scale, q.shape)).to(out_dtype)

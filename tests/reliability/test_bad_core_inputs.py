@@ -81,6 +81,10 @@ QUANTIZE = [
     Bad("quantize-scale-negative", lambda: quantize_fp8(torch.ones(4), scale=torch.tensor([-2.0])), ScaleError, "scale", "finite positive", "-2.0"),
     Bad("quantize-scale-int", lambda: quantize_fp8(torch.ones(4), scale=torch.ones(1, dtype=torch.int64)), TypeError, "scale", "float32", "torch.int64"),
     Bad("quantize-scale-not-tensor", lambda: quantize_fp8(torch.ones(4), scale=0.5), TypeError, "scale", "torch.Tensor", "float"),
+    Bad("quantize-scale-device", lambda: quantize_fp8(torch.ones(4), scale=torch.ones(1, device="meta")),
+        ValueError, "scale", "device cpu", "meta"),
+    Bad("dequantize-scale-device", lambda: dequantize_fp8(_b(), torch.ones(1, device="meta")), ValueError, "scale", "device cpu", "meta"),
+    Bad("dequantize-scale-not-tensor", lambda: dequantize_fp8(_b(), 0.5), TypeError, "scale", "torch.Tensor", "float"),
     Bad("dequantize-q-fp32", lambda: dequantize_fp8(torch.ones(4, 5), torch.ones(1)), TypeError, "q", "FP8", "torch.float32"),
     Bad("dequantize-scale-shape", lambda: dequantize_fp8(_b(300, 500), torch.ones(3)), ScaleError, "scale", "[300, 1]", "[3]"),
 ]
