@@ -28,10 +28,10 @@ jit=importlib.import_module(kernels_module().__name__+'.jit'); t=time.perf_count
       timeout 540 python3 -m pytest tests/kernels -q -p no:cacheprovider -rs --durations=8 2>&1 | tail -n 80 | tee "$OUT/tests.txt"
       ;;
     quickbench)
-      timeout 300 python3 benchmarks/gemm.py --quick --rep 60 --out "$OUT" --tag quick 2>&1 | tee "$OUT/quickbench.txt"
+      timeout 300 python3 benchmarks/gemm.py --quick --configs 0,4 --rep 30 --out "$OUT" --tag quick 2>&1 | tee "$OUT/quickbench.txt"
       ;;
     bench)
-      timeout 540 python3 benchmarks/gemm.py --rep 60 --out "$OUT" 2>&1 | tee "$OUT/bench.txt"
+      timeout 540 python3 benchmarks/gemm.py --rep 25 --rounds 3 --out "$OUT" 2>&1 | tee "$OUT/bench.txt"
       ;;
     sanitize)
       timeout 400 benchmarks/sanitize.sh 2>&1 | tee "$OUT/sanitize.txt"

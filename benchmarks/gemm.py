@@ -54,7 +54,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--configs", default="", help="comma list of forced sm90 config ids to time as well")
-    ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
+    ap.add_argument("--rep", type=int, default=40, help="do_bench rep (ms) per round")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape (median taken)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--tag", default="")
     args = ap.parse_args(argv)
@@ -97,12 +98,23 @@ def main(argv=None):
         o, r = fns["ours_t"]().float(), fns["cublas_t"]().float()
         diff = float(1 - 2 * (o.double() * r.double()).sum() / (o.double() ** 2 + r.double() ** 2).sum())
         res = {"layer": name, "M": m, "N": n, "K": k, "diff_vs_cublas": diff}
-        for key, fn in fns.items():
-            try:
-                ms = do_bench(fn, warmup=25, rep=args.rep, return_mode="median")
-                res[key] = {"ms": ms, "tflops": tflops(m, n, k, ms)}
-            except Exception as e:  # noqa: BLE001
-                res[key] = {"error": repr(e)[:200]}
+        # Rounds interleave the candidates so that clock/power drift hits them alike; the reported
+        # time is the median over rounds of do_bench medians.
+        times = {key: [] for key in fns}
+        for _ in range(args.rounds):
+            for key, fn in fns.items():
+                if isinstance(times[key], str):
+                    continue
+                try:
+                    times[key].append(do_bench(fn, warmup=10, rep=args.rep, return_mode="median"))
+                except Exception as e:  # noqa: BLE001
+                    times[key] = repr(e)[:200]
+        for key, ts in times.items():
+            if isinstance(ts, str):
+                res[key] = {"error": ts}
+            else:
+                ms = sorted(ts)[len(ts) // 2]
+                res[key] = {"ms": ms, "tflops": tflops(m, n, k, ms), "ms_rounds": ts}
         rows.append(res)
         tf = {key: (res[key].get("tflops", float("nan"))) for key in fns}
         res["ratio_t"] = tf["ours_t"] / tf["cublas_t"]
@@ -140,7 +152,8 @@ def main(argv=None):
         "cuda": torch.version.cuda,
         "triton": triton.__version__,
         "python": platform.python_version(),
-        "timing": f"triton.testing.do_bench median, warmup 25 ms, rep {args.rep} ms, L2 cleared per rep",
+        "timing": (f"triton.testing.do_bench median (warmup 10 ms, rep {args.rep} ms, L2 cleared per rep), "
+                   f"{args.rounds} interleaved rounds, median over rounds"),
         "out_dtype": "bfloat16",
         "tag": args.tag,
         "kernel_cache_key": importlib.import_module(kern.__name__ + ".jit").cache_key(),

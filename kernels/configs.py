@@ -17,13 +17,15 @@ class KernelConfig:
     id: int
     block_n: int  # tile width on the kernel's B side
     swap_ab: bool  # True: kernel A = weight [N, K], kernel B = activation [M, K] (decode shapes)
+    n_acc: int  # accumulators per 128-wide k-block: FP32 promotion every 128 / n_acc of K
 
 
 CONFIGS: tuple[KernelConfig, ...] = (
-    KernelConfig(0, 128, False),
-    KernelConfig(1, 16, True),
-    KernelConfig(2, 32, True),
-    KernelConfig(3, 64, True),
+    KernelConfig(0, 128, False, 2),
+    KernelConfig(1, 16, True, 4),
+    KernelConfig(2, 32, True, 4),
+    KernelConfig(3, 64, True, 4),
+    KernelConfig(4, 128, False, 1),  # promotion every 128: benchmark comparison, not selected
 )
 
 #: Environment override: force one config id for every problem (benchmarks, debugging).

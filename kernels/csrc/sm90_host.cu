@@ -2,6 +2,8 @@
 // swap for decode configs, and dispatch to the per-format kernel units.
 #include <cudaTypedefs.h>
 
+#include <cstdio>
+#include <memory>
 #include <mutex>
 
 #include "sm90_gemm.cuh"
@@ -40,10 +42,15 @@ const char* make_map(CUtensorMap* map, const void* ptr, int rows, int K, int box
   cuuint64_t strides[1] = {static_cast<cuuint64_t>(K)};  // bytes, dim 1
   cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows)};
   cuuint32_t estr[2] = {1, 1};
+  if (reinterpret_cast<uintptr_t>(map) % 64 != 0) return "tensor map storage is not 64-byte aligned";
   CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(ptr), dims, strides, box, estr,
                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? nullptr : "cuTensorMapEncodeTiled failed (alignment or shape)";
+  if (r == CUDA_SUCCESS) return nullptr;
+  thread_local char msg[256];
+  snprintf(msg, sizeof(msg), "cuTensorMapEncodeTiled failed (CUresult %d) for an operand: ptr %p rows %d K %d box_rows %d",
+           static_cast<int>(r), ptr, rows, K, box_rows);
+  return msg;
 }
 
 // Output map for the TMA-store epilogue: [M, N] row-major of `out_kind`, box = one 128-byte
@@ -59,9 +66,14 @@ const char* make_out_map(CUtensorMap* map, void* ptr, int M, int N, int out_kind
   cuuint64_t strides[1] = {static_cast<cuuint64_t>(N) * esize};
   cuuint32_t box[2] = {static_cast<cuuint32_t>(128 / esize), 64};
   cuuint32_t estr[2] = {1, 1};
+  if (reinterpret_cast<uintptr_t>(map) % 64 != 0) return "tensor map storage is not 64-byte aligned";
   CUresult r = fn(map, dt, 2, ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
                   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? nullptr : "cuTensorMapEncodeTiled failed for the output";
+  if (r == CUDA_SUCCESS) return nullptr;
+  thread_local char msg[256];
+  snprintf(msg, sizeof(msg), "cuTensorMapEncodeTiled failed (CUresult %d) for the output: ptr %p M %d N %d kind %d",
+           static_cast<int>(r), ptr, M, N, out_kind);
+  return msg;
 }
 
 }  // namespace
@@ -76,7 +88,10 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   bool swap;
   config_shape(g.config, bn, swap);
 
-  LaunchArgs la{};
+  // Heap-allocated (C++17 aligned new): CUtensorMap needs 64-byte alignment, which a thread's stack
+  // frame does not always give.
+  std::unique_ptr<LaunchArgs> holder(new LaunchArgs{});
+  LaunchArgs& la = *holder;
   la.config = g.config;
   la.num_sms = g.num_sms > 0 ? g.num_sms : 132;
   la.K = g.K;

@@ -6,12 +6,13 @@
 namespace fp8sm90 {
 
 // Kernel configurations; the table must match kernels/configs.py (CONFIGS).
-//   id : (BN, swap_ab)
-//   0  : (128, false)   M > 64: A rows on wgmma's M; TMA-store epilogue when N * esize % 16 == 0
-//   1  : ( 16, true )   M <= 16: swap A/B, N on wgmma's M
-//   2  : ( 32, true )   M <= 32
-//   3  : ( 64, true )   M <= 64
-enum { kNumConfigs = 4 };
+//   id : (BN, swap_ab, NACC = accumulators per 128-wide k-block: promotion every 128 / NACC of K)
+//   0  : (128, false, 2)   M > 64: A rows on wgmma's M; TMA-store epilogue when N * esize % 16 == 0
+//   1  : ( 16, true,  4)   M <= 16: swap A/B, N on wgmma's M
+//   2  : ( 32, true,  4)   M <= 32
+//   3  : ( 64, true,  4)   M <= 64
+//   4  : (128, false, 1)   as 0 with promotion every 128 of K (benchmark comparison)
+enum { kNumConfigs = 5 };
 
 struct GemmArgs {
   const void* a;  // [M, K] fp8, K-contiguous

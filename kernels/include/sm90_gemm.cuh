@@ -242,22 +242,29 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
   }
 }
 
-template <int BN, int FA, int FB>
-__device__ __forceinline__ void issue_kblock(float (&acc)[BN / 2], const uint8_t* a_tile, const uint8_t* b_tile) {
+// One 128-wide k-block = 4 wgmma k32 steps. NACC accumulators: steps are split evenly among them
+// (NACC = 1: all four into one; 2: two each; 4: one each), each starting from zero, so the tensor
+// core's reduced-precision accumulation spans at most 128 / NACC of K before the FP32 promotion.
+template <int BN, int NACC, int FA, int FB>
+__device__ __forceinline__ void issue_kblock(float (&acc)[NACC][BN / 2], const uint8_t* a_tile, const uint8_t* b_tile) {
   const uint64_t da = make_desc_sw128(a_tile);
   const uint64_t db = make_desc_sw128(b_tile);
 #pragma unroll
-  for (int i = 0; i < BN / 2; ++i) fence_reg(acc[i]);
-  wgmma_fence();
+  for (int q = 0; q < NACC; ++q)
 #pragma unroll
-  for (int k = 0; k < kBK / 32; ++k) {
+    for (int i = 0; i < BN / 2; ++i) fence_reg(acc[q][i]);
+  wgmma_fence();
+  constexpr int kSteps = kBK / 32;
+  constexpr int kPer = kSteps / NACC;
+#pragma unroll
+  for (int k = 0; k < kSteps; ++k) {
     // +32 bytes along K inside the 128-byte swizzled row = +2 in the descriptor's 16-byte units.
-    wgmma_fp8<BN, FA, FB>(acc, da + 2 * k, db + 2 * k, k);  // k == 0 overwrites (scale-d = 0)
+    wgmma_fp8<BN, FA, FB>(acc[k / kPer], da + 2 * k, db + 2 * k, k % kPer);  // first step per acc: scale-d = 0
   }
   wgmma_commit();
 }
 
-template <int BN, bool SWAP, int FA, int FB>
+template <int BN, bool SWAP, int NACC, int FA, int FB>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const __grid_constant__ CUtensorMap tma_out, int rows_a, int rows_b, int K,
@@ -339,16 +346,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       float fin[BN / 2];
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) fin[i] = 0.f;
-      float acc[BN / 2];
+      float acc[NACC][BN / 2];
       for (int kb = 0; kb < num_kb; ++kb) {
         mbar_wait(&full[stage], phase);
-        issue_kblock<BN, FA, FB>(acc, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
+        issue_kblock<BN, NACC, FA, FB>(acc, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(&empty[stage]);
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) {
-          fence_reg(acc[i]);
-          fin[i] += acc[i];  // FP32 promotion every 128 of K
+#pragma unroll
+          for (int q = 0; q < NACC; ++q) fence_reg(acc[q][i]);
+          float part = acc[0][i];
+#pragma unroll
+          for (int q = 1; q < NACC; ++q) part += acc[q][i];
+          fin[i] += part;  // FP32 promotion every 128 / NACC of K
         }
         if (++stage == S) {
           stage = 0;
@@ -380,10 +391,10 @@ struct LaunchArgs {
   int num_sms;
 };
 
-template <int BN, bool SWAP, int FA, int FB>
+template <int BN, bool SWAP, int NACC, int FA, int FB>
 const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
   using C = TileCfg<BN, SWAP>;
-  auto kernel = fp8_gemm_sm90_kernel<BN, SWAP, FA, FB>;
+  auto kernel = fp8_gemm_sm90_kernel<BN, SWAP, NACC, FA, FB>;
   // Once per instance and device (not on every launch: later calls, CUDA graph capture included, see
   // only the launch).
   static std::atomic<uint64_t> done_mask{0};
@@ -407,18 +418,19 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
 template <int FA, int FB>
 const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
   switch (la.config) {
-    case 0: return launch_one<128, false, FA, FB>(la, stream);
-    case 1: return launch_one<16, true, FA, FB>(la, stream);
-    case 2: return launch_one<32, true, FA, FB>(la, stream);
-    case 3: return launch_one<64, true, FA, FB>(la, stream);
+    case 0: return launch_one<128, false, 2, FA, FB>(la, stream);
+    case 1: return launch_one<16, true, 4, FA, FB>(la, stream);
+    case 2: return launch_one<32, true, 4, FA, FB>(la, stream);
+    case 3: return launch_one<64, true, 4, FA, FB>(la, stream);
+    case 4: return launch_one<128, false, 1, FA, FB>(la, stream);
     default: return "unknown kernel config";
   }
 }
 
 // Tile width and operand order of each config (host side).
 inline void config_shape(int config, int& bn, bool& swap) {
-  static const int kBN[kNumConfigs] = {128, 16, 32, 64};
-  static const bool kSwap[kNumConfigs] = {false, true, true, true};
+  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128};
+  static const bool kSwap[kNumConfigs] = {false, true, true, true, false};
   bn = kBN[config];
   swap = kSwap[config];
 }

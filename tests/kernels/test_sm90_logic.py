@@ -121,7 +121,7 @@ def test_config_table_matches_header():
     assert f"kNumConfigs = {len(configs.CONFIGS)}" in hdr
     src = (jit.INCLUDE_DIR / "sm90_gemm.cuh").read_text()
     for c in configs.CONFIGS:
-        line = f"case {c.id}: return launch_one<{c.block_n}, {str(c.swap_ab).lower()}, FA, FB>"
+        line = f"case {c.id}: return launch_one<{c.block_n}, {str(c.swap_ab).lower()}, {c.n_acc}, FA, FB>"
         assert line in src, line
 
 
