@@ -115,11 +115,9 @@ def test_scale_shapes_and_amax_semantics(granularity, shape, expected):
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-@pytest.mark.parametrize("value", [0.3, -0.3, 1.1e-2, 300.0, -5000.0, 3e-3])
+@pytest.mark.parametrize("value", [0.3, -0.3, 1.1e-2, 300.0, -400.0, 3e-3])
 def test_stochastic_rounding_is_unbiased(fmt, value):
     dtype = FORMATS[fmt]
-    if abs(value) > fmt_max(dtype):
-        pytest.skip("outside the format's range")
     x = torch.full((DRAWS,), value)
     g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,))))
     q, _ = quantize_fp8(x, fmt, scale=torch.ones(1), rounding="stochastic", generator=g)
