@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import threading
 
 import pytest
 import torch
@@ -159,3 +160,21 @@ def test_sm90_refuses_k_not_multiple_of_16_and_dispatch_falls_back(monkeypatch, 
     verdicts = {name: (ok, r) for name, ok, r in candidates(p)}
     assert verdicts["sm90"][0] is False and verdicts["sm90"][1]
     assert any("sm90 skipped:" in r.getMessage() for r in fresh_log.records)
+
+
+def test_log_once_under_concurrent_first_calls(monkeypatch, fresh_log):
+    monkeypatch.setenv(BACKEND_ENV, "emulated")
+    p = _problem()
+    start = threading.Barrier(8)
+
+    def worker():
+        start.wait()
+        for _ in range(20):
+            select_backend(p)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len([r for r in fresh_log.records if r.name == "fp8_linear"]) == 1

@@ -55,3 +55,15 @@ def test_gemm_expanded_scale_views():
     sa = torch.full((1, 1), 0.5).expand(8, 1)  # a stride-0 per-token scale
     out = fp8_gemm(a, b, sa, torch.ones(1), out_dtype=torch.float32)
     assert torch.equal(out, fp8_gemm(a, b, torch.full((8, 1), 0.5), torch.ones(1), out_dtype=torch.float32))
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_nan_activation_stays_in_its_own_row(preset):
+    mod = FP8Linear.from_linear(nn.Linear(256, 40), preset, input_amax=3.0)
+    x = torch.randn(5, 256)
+    clean = mod(x)
+    x[2, 17] = float("nan")
+    out = mod(x)
+    assert torch.isnan(out[2]).all()
+    rows = [0, 1, 3, 4]  # static scales are fixed, dynamic ones per token / group: other rows untouched
+    assert torch.equal(out[rows], clean[rows])
