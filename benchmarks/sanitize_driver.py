@@ -17,6 +17,11 @@ from fp8_linear.backends.sm90 import kernels_module  # noqa: E402
 
 
 def main() -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", default="", help="comma list of config ids (default: all)")
+    args = ap.parse_args()
     kern = kernels_module()
     configs = importlib.import_module(kern.__name__ + ".configs")
     torch.manual_seed(0)
@@ -26,7 +31,8 @@ def main() -> int:
     shapes = [(1, 72, 48), (7, 200, 16), (129, 8, 1040), (64, 136, 272), (200, 264, 400)]
     bad = 0
     runs = 0
-    for cfg in range(len(configs.CONFIGS)):
+    cfgs = [int(c) for c in args.configs.split(",") if c.strip()] or list(range(len(configs.CONFIGS)))
+    for cfg in cfgs:
         for i, (m, n, k) in enumerate(shapes):
             fa, fb = fmts[(cfg + i) % 4]
             od = outs[(cfg + i) % 3]

@@ -82,11 +82,27 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   if (g.config < 0 || g.config >= kNumConfigs) return "config id out of range";
   if (g.M <= 0 || g.N <= 0 || g.K <= 0) return "empty problem";
   if (g.K % 16 != 0) return "K must be a multiple of 16";
+  {
+    // cuTensorMapEncodeTiled is a driver call and needs a current context on this thread; a fresh
+    // host thread may have none yet (CUresult 201). cudaSetDevice makes the runtime's primary context
+    // current (CUDA >= 12), once per thread and device; it is no stream operation, so it is also
+    // safe while a stream is being captured.
+    thread_local uint64_t ctx_ready = 0;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return cudaGetErrorString(e);
+    const uint64_t bit = uint64_t(1) << (dev & 63);
+    if (!(ctx_ready & bit)) {
+      e = cudaSetDevice(dev);
+      if (e != cudaSuccess) return cudaGetErrorString(e);
+      ctx_ready |= bit;
+    }
+  }
   if ((reinterpret_cast<uintptr_t>(g.a) | reinterpret_cast<uintptr_t>(g.b)) % 16 != 0)
     return "operand pointers must be 16-byte aligned";
-  int bn;
+  int bn, cluster;
   bool swap;
-  config_shape(g.config, bn, swap);
+  config_shape(g.config, bn, swap, cluster);
 
   // Heap-allocated (C++17 aligned new): CUtensorMap needs 64-byte alignment, which a thread's stack
   // frame does not always give.
@@ -113,7 +129,7 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   const int fa = swap ? g.fmt_b : g.fmt_a;
   const int fb = swap ? g.fmt_a : g.fmt_b;
   if (const char* e = make_map(&la.tma_a, ka, la.rows_a, g.K, kBM)) return e;
-  if (const char* e = make_map(&la.tma_b, kb, la.rows_b, g.K, bn)) return e;
+  if (const char* e = make_map(&la.tma_b, kb, la.rows_b, g.K, bn / cluster)) return e;
   const int esize = g.out_kind == 0 ? 4 : 2;
   la.ep.tma_store = (!swap && (static_cast<long>(g.N) * esize) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(g.out) % 16 == 0 && g.force_direct_store == 0)

@@ -6,13 +6,14 @@
 namespace fp8sm90 {
 
 // Kernel configurations; the table must match kernels/configs.py (CONFIGS).
-//   id : (BN, swap_ab, NACC = accumulators per 128-wide k-block: promotion every 128 / NACC of K)
-//   0  : (128, false, 2)   M > 64: A rows on wgmma's M; TMA-store epilogue when N * esize % 16 == 0
-//   1  : ( 16, true,  4)   M <= 16: swap A/B, N on wgmma's M
-//   2  : ( 32, true,  4)   M <= 32
-//   3  : ( 64, true,  4)   M <= 64
-//   4  : (128, false, 1)   as 0 with promotion every 128 of K (benchmark comparison)
-enum { kNumConfigs = 5 };
+//   id : (BN, swap_ab, NACC = accumulators per 128-wide k-block: promotion every 128 / NACC of K, cluster)
+//   0  : (128, false, 1, 1)   M > 64: A rows on wgmma's M; TMA-store epilogue when N * esize % 16 == 0
+//   1  : ( 16, true,  4, 1)   M <= 16: swap A/B, N on wgmma's M
+//   2  : ( 32, true,  4, 1)   M <= 32
+//   3  : ( 64, true,  4, 1)   M <= 64
+//   4  : (128, false, 2, 1)   as 0 with promotion every 64 of K (slower; comparison)
+//   5  : (128, false, 1, 2)   as 0 on 2-CTA clusters, B tile multicast (half the B traffic from L2)
+enum { kNumConfigs = 6 };
 
 struct GemmArgs {
   const void* a;  // [M, K] fp8, K-contiguous

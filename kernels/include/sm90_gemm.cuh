@@ -264,7 +264,7 @@ __device__ __forceinline__ void issue_kblock(float (&acc)[NACC][BN / 2], const u
   wgmma_commit();
 }
 
-template <int BN, bool SWAP, int NACC, int FA, int FB>
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const __grid_constant__ CUtensorMap tma_out, int rows_a, int rows_b, int K,
@@ -281,11 +281,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(sVec) + C::kVec);
   uint64_t* empty = full + S;
 
+  static_assert(CL == 1 || (CL == 2 && !SWAP), "clusters only for the non-swapped config");
+  // CL == 2: a cluster of two CTAs takes a 256 x BN "pair tile": CTA r computes row-block 2p + r, and
+  // each CTA loads half of the shared B tile, multicast into both CTAs' shared memory.
   const int num_m = (rows_a + kBM - 1) / kBM;
+  const int num_mp = (num_m + CL - 1) / CL;
   const int num_n = (rows_b + BN - 1) / BN;
   const int num_kb = (K + kBK - 1) / kBK;
-  const int num_tiles = num_m * num_n;
+  const int num_tiles = num_mp * num_n;
   const int wg = threadIdx.x / 128;
+  const uint32_t rank = CL > 1 ? cluster_ctarank() : 0;
+  const int first_tile = blockIdx.x / CL;
+  const int tile_step = gridDim.x / CL;
 
   if (threadIdx.x == 0) {
     tma_prefetch_desc(&tma_a);
@@ -293,12 +300,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 8);  // one arrival per consumer warp (2 warpgroups x 4 warps)
+      mbar_init(&empty[s], 8 * CL);  // one arrival per consumer warp (2 warpgroups x 4 warps) per CTA
     }
     fence_mbar_init();
     fence_proxy_async();
   }
-  __syncthreads();
+  if constexpr (CL > 1) cluster_sync();  // peers' barriers are initialised before any multicast
+  else __syncthreads();
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer
@@ -306,14 +314,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       int stage = 0;
       uint32_t phase = 0;
-      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      for (int t = first_tile; t < num_tiles; t += tile_step) {
         int mb, nb;
-        tile_coords(t, num_m, num_n, mb, nb);
+        tile_coords(t, num_mp, num_n, mb, nb);
+        mb = mb * CL + rank;
         for (int kb = 0; kb < num_kb; ++kb) {
           mbar_wait(&empty[stage], phase ^ 1);
           mbar_arrive_expect_tx(&full[stage], C::kStage);  // OOB parts are zero-filled and still counted
           tma_load_2d(sA + stage * C::kStageA, &tma_a, &full[stage], kb * kBK, mb * kBM);
-          tma_load_2d(sB + stage * C::kStageB, &tma_b, &full[stage], kb * kBK, nb * BN);
+          if constexpr (CL == 1) {
+            tma_load_2d(sB + stage * C::kStageB, &tma_b, &full[stage], kb * kBK, nb * BN);
+          } else {
+            constexpr int kHalf = BN / 2;
+            tma_load_2d_mc(sB + stage * C::kStageB + rank * kHalf * kBK, &tma_b, &full[stage], kb * kBK,
+                           nb * BN + rank * kHalf, static_cast<uint16_t>(0x3));
+          }
           if (++stage == S) {
             stage = 0;
             phase ^= 1;
@@ -333,9 +348,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint8_t* ctile = sC + cw * (C::kCTile / 2);
     int stage = 0;
     uint32_t phase = 0;
-    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+    for (int t = first_tile; t < num_tiles; t += tile_step) {
       int mb, nb;
-      tile_coords(t, num_m, num_n, mb, nb);
+      tile_coords(t, num_mp, num_n, mb, nb);
+      mb = mb * CL + rank;
       const int lr0 = warp * 16 + lane / 4;  // local row inside the warpgroup's 64 rows
       const int tile_row0 = mb * kBM + cw * 64;
       const int row0 = tile_row0 + lr0;
@@ -351,7 +367,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(&full[stage], phase);
         issue_kblock<BN, NACC, FA, FB>(acc, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
         wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(&empty[stage]);
+        if (lane == 0) {
+          mbar_arrive(&empty[stage]);
+          if constexpr (CL > 1) mbar_arrive_remote(&empty[stage], rank ^ 1);  // peer multicasts into us
+        }
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) {
 #pragma unroll
@@ -380,6 +399,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (!SWAP && tid == 0) bulk_wait0();
   }
+  // No CTA may leave while its peer can still multicast into it or arrive on its barriers.
+  if constexpr (CL > 1) cluster_sync();
 #endif
 }
 
@@ -391,25 +412,49 @@ struct LaunchArgs {
   int num_sms;
 };
 
-template <int BN, bool SWAP, int NACC, int FA, int FB>
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB>
 const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
   using C = TileCfg<BN, SWAP>;
-  auto kernel = fp8_gemm_sm90_kernel<BN, SWAP, NACC, FA, FB>;
+  auto kernel = fp8_gemm_sm90_kernel<BN, SWAP, NACC, CL, FA, FB>;
   // Once per instance and device (not on every launch: later calls, CUDA graph capture included, see
   // only the launch).
   static std::atomic<uint64_t> done_mask{0};
+  static std::atomic<int> max_clusters[64];
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return cudaGetErrorString(e);
   const uint64_t bit = uint64_t(1) << (dev & 63);
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = CL;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = C::kSmem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = CL > 1 ? 1 : 0;  // plain launch for single-CTA configs
   if (!(done_mask.load(std::memory_order_acquire) & bit)) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
     if (e != cudaSuccess) return cudaGetErrorString(e);
+    int n = la.num_sms / CL;
+    if (CL > 1) {
+      cfg.gridDim = dim3(la.num_sms / CL * CL, 1, 1);
+      int active = 0;
+      if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) == cudaSuccess && active > 0) n = active;
+      else cudaGetLastError();
+    }
+    max_clusters[dev & 63].store(n, std::memory_order_relaxed);
     done_mask.fetch_or(bit, std::memory_order_acq_rel);
   }
-  const int tiles = ((la.rows_a + kBM - 1) / kBM) * ((la.rows_b + BN - 1) / BN);
-  const int grid = tiles < la.num_sms ? tiles : la.num_sms;
-  kernel<<<grid, kThreads, C::kSmem, stream>>>(la.tma_a, la.tma_b, la.tma_out, la.rows_a, la.rows_b, la.K, la.ep);
+  const int num_m = (la.rows_a + kBM - 1) / kBM;
+  const int tiles = ((num_m + CL - 1) / CL) * ((la.rows_b + BN - 1) / BN);
+  const int maxc = max_clusters[dev & 63].load(std::memory_order_relaxed);
+  const int clusters = tiles < maxc ? tiles : maxc;
+  cfg.gridDim = dim3(clusters * CL, 1, 1);
+  e = cudaLaunchKernelEx(&cfg, kernel, la.tma_a, la.tma_b, la.tma_out, la.rows_a, la.rows_b, la.K, la.ep);
+  if (e != cudaSuccess) return cudaGetErrorString(e);
   e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
@@ -418,21 +463,24 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
 template <int FA, int FB>
 const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
   switch (la.config) {
-    case 0: return launch_one<128, false, 2, FA, FB>(la, stream);
-    case 1: return launch_one<16, true, 4, FA, FB>(la, stream);
-    case 2: return launch_one<32, true, 4, FA, FB>(la, stream);
-    case 3: return launch_one<64, true, 4, FA, FB>(la, stream);
-    case 4: return launch_one<128, false, 1, FA, FB>(la, stream);
+    case 0: return launch_one<128, false, 1, 1, FA, FB>(la, stream);
+    case 1: return launch_one<16, true, 4, 1, FA, FB>(la, stream);
+    case 2: return launch_one<32, true, 4, 1, FA, FB>(la, stream);
+    case 3: return launch_one<64, true, 4, 1, FA, FB>(la, stream);
+    case 4: return launch_one<128, false, 2, 1, FA, FB>(la, stream);
+    case 5: return launch_one<128, false, 1, 2, FA, FB>(la, stream);
     default: return "unknown kernel config";
   }
 }
 
 // Tile width and operand order of each config (host side).
-inline void config_shape(int config, int& bn, bool& swap) {
-  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128};
-  static const bool kSwap[kNumConfigs] = {false, true, true, true, false};
+inline void config_shape(int config, int& bn, bool& swap, int& cluster) {
+  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128};
+  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false};
+  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2};
   bn = kBN[config];
   swap = kSwap[config];
+  cluster = kCluster[config];
 }
 
 }  // namespace fp8sm90

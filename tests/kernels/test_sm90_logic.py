@@ -106,7 +106,7 @@ def test_can_run_valid_cpu_problem_needs_cuda():
 # ---------------------------------------------------------------- config selection
 @pytest.mark.parametrize("m, cid, bn, swap", [(1, 1, 16, True), (16, 1, 16, True), (17, 2, 32, True),
                                                (32, 2, 32, True), (33, 3, 64, True), (64, 3, 64, True),
-                                               (65, 0, 128, False), (8192, 0, 128, False)])
+                                               (65, 5, 128, False), (8192, 5, 128, False)])
 def test_select_config(m, cid, bn, swap, monkeypatch):
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     c = configs.select_config(m, 4096, 4096)
@@ -121,7 +121,8 @@ def test_config_table_matches_header():
     assert f"kNumConfigs = {len(configs.CONFIGS)}" in hdr
     src = (jit.INCLUDE_DIR / "sm90_gemm.cuh").read_text()
     for c in configs.CONFIGS:
-        line = f"case {c.id}: return launch_one<{c.block_n}, {str(c.swap_ab).lower()}, {c.n_acc}, FA, FB>"
+        line = (f"case {c.id}: return launch_one<{c.block_n}, {str(c.swap_ab).lower()}, {c.n_acc}, {c.cluster}, "
+                f"FA, FB>")
         assert line in src, line
 
 
@@ -146,6 +147,9 @@ def test_tiles():
     assert configs.tiles(c0, 8192, 8192) == 64 * 64
     assert configs.tiles(c0, 129, 200) == 2 * 2
     assert configs.tiles(c1, 1, 4096) == 32  # swapped: N on the 128-row side
+    c5 = configs.CONFIGS[5]
+    assert c5.cluster == 2
+    assert configs.tiles(c5, 300, 200) == 2 * 2 * 2  # 2 pair-rows (3 row blocks) x 2 col blocks x 2 CTAs
 
 
 # ---------------------------------------------------------------- cache key / folder
