@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .formats import resolve_format
+from .formats import format_name, resolve_format
 
 WEIGHT_GRANULARITIES = ("tensor", "channel", "block")
 ACTIVATION_GRANULARITIES = ("tensor", "token", "group")
@@ -36,7 +36,9 @@ class QuantScheme:
     activation_observer: str = "minmax"
 
     def __post_init__(self):
-        resolve_format(self.fmt, "fmt")
+        # Normalize "E4M3" / torch.float8_e4m3fn to the canonical name ("e4m3"): checkpoints and
+        # configs key on it, and equal schemes must compare (and hash) equal.
+        object.__setattr__(self, "fmt", format_name(resolve_format(self.fmt, "fmt")))
         if self.weight_granularity not in WEIGHT_GRANULARITIES:
             raise ValueError(f"weight_granularity: expected one of {WEIGHT_GRANULARITIES}, got {self.weight_granularity!r}")
         if self.activation_granularity not in ACTIVATION_GRANULARITIES:
