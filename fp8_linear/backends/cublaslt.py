@@ -38,6 +38,8 @@ class CublasLtBackend(Backend):
             return False, f"K={p.k} and N={p.n} must be multiples of {ALIGN}"
         if p.m == 0:
             return False, "M=0"
+        if p.a.data_ptr() % ALIGN or p.b.data_ptr() % ALIGN:
+            return False, f"a and b data pointers must be {ALIGN}-byte aligned (a view at an odd offset)"
         return True, "per-tensor / row-wise scales, 16-aligned K and N"
 
     def run(self, problem: GemmProblem) -> torch.Tensor:

@@ -131,6 +131,15 @@ def test_cublaslt_can_run_reasons(kwargs, reason):
         assert reason in why
 
 
+def test_cublaslt_refuses_misaligned_operand():
+    buf = random_fp8((8 * 64 + 8,), torch.float8_e4m3fn)
+    a = buf[8:].view(8, 64)  # contiguous, but 8 bytes past a 16-byte boundary
+    assert a.is_contiguous() and a.data_ptr() % 16
+    p = make_problem(a, random_fp8((32, 64), torch.float8_e4m3fn), torch.ones(1), torch.ones(1))
+    ok, why = CublasLtBackend().can_run(p)
+    assert not ok and "aligned" in why
+
+
 def test_cublaslt_refuses_block_scales_and_e5m2_pairs():
     b = random_fp8((256, 128), torch.float8_e5m2)
     p = make_problem(random_fp8((4, 128), torch.float8_e5m2), b, torch.ones(1), torch.ones(1))
