@@ -47,18 +47,42 @@ class CublasLtBackend(Backend):
         row = SCALE_ROW in (p.scale_a_kind, p.scale_b_kind)
         if row:
             # torch._scaled_mm takes both scales row-wise ([M,1] and [1,N]) or both per-tensor;
-            # a per-tensor side is broadcast. Row-wise cuBLASLt writes bf16 only.
+            # a per-tensor side is broadcast.
             sa = p.scale_a.float().reshape(-1, 1).expand(p.m, 1).contiguous()
             sb = p.scale_b.float().reshape(1, -1).expand(1, p.n).contiguous()
-            mm_dtype = torch.bfloat16
         else:
             sa, sb = p.scale_a.float().reshape(()), p.scale_b.float().reshape(())
-            mm_dtype = p.out_dtype
-        fused_bias = p.bias is not None and not row and mm_dtype != torch.float32
-        out = torch._scaled_mm(
-            p.a, p.b.t(), scale_a=sa, scale_b=sb,
-            bias=p.bias.to(mm_dtype) if fused_bias else None, out_dtype=mm_dtype,
-        )
-        if p.bias is not None and not fused_bias:
+        # Fuse the bias only when that loses nothing: cuBLASLt takes a bf16/fp16 bias of the output
+        # dtype. Otherwise multiply into fp32, add the bias in fp32, and round once at the end.
+        fuse = p.bias is not None and p.bias.dtype == p.out_dtype and p.out_dtype in FUSED_BIAS_DTYPES
+        want = p.out_dtype if p.bias is None or fuse else torch.float32
+        out = _scaled_mm(p, sa, sb, p.bias if fuse else None, want, row)
+        if p.bias is not None and not fuse:
             out = out.float() + p.bias.float()
         return out.to(p.out_dtype)
+
+
+#: Bias dtypes cuBLASLt's FP8 epilogue adds (it refuses a bias with fp32 output).
+FUSED_BIAS_DTYPES = (torch.bfloat16, torch.float16)
+#: Output dtype that every torch._scaled_mm build writes for row-wise scales.
+ROWWISE_SAFE_DTYPE = torch.bfloat16
+#: (device, out_dtype, fused bias) combinations of row-wise scales this torch refused.
+_rowwise_refused: set[tuple[str, torch.dtype, bool]] = set()
+
+
+def _scaled_mm(p: GemmProblem, sa, sb, bias, out_dtype: torch.dtype, row: bool) -> torch.Tensor:
+    """``torch._scaled_mm`` in ``out_dtype``. Older torch / cuBLAS builds write row-wise results in
+    bf16 only: such a refusal is remembered per device and the product is written in bf16 instead
+    (the bias, if any, then added in fp32 afterwards)."""
+    key = (str(p.device), out_dtype, bias is not None)
+    if not row or out_dtype == ROWWISE_SAFE_DTYPE or key not in _rowwise_refused:
+        try:
+            return torch._scaled_mm(p.a, p.b.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype)
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError:
+            if not row or out_dtype == ROWWISE_SAFE_DTYPE:
+                raise
+            _rowwise_refused.add(key)
+    out = torch._scaled_mm(p.a, p.b.t(), scale_a=sa, scale_b=sb, out_dtype=ROWWISE_SAFE_DTYPE)
+    return out if bias is None else out.float() + bias.float()

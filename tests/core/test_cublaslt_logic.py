@@ -1,0 +1,42 @@
+"""The cublaslt backend's ``run`` (scale layout, bias handling, output dtype) on CPU.
+
+torch ships a CPU ``torch._scaled_mm``; calling ``CublasLtBackend().run`` directly (bypassing
+``supports``, which needs CUDA) checks the backend's own logic against the fp64 reference with the
+tensor-core bar. The GPU itself is covered by ``test_gpu_cublaslt.py``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import KERNEL_FLOOR, calc_diff, gemm_ref64, random_fp8, random_scale, rounding_bar, scale_shape_for
+
+from fp8_linear.backends.cublaslt import CublasLtBackend
+from fp8_linear.gemm import make_problem
+
+
+def _cpu_scaled_mm_available() -> bool:
+    a = torch.zeros(16, 16).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(()), scale_b=torch.ones(()), out_dtype=torch.float32)
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+    return True
+
+
+pytestmark = pytest.mark.skipif(not _cpu_scaled_mm_available(), reason="this torch has no CPU torch._scaled_mm")
+
+
+@pytest.mark.parametrize("bias_dtype", [None, torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("kinds", [("tensor", "tensor"), ("row", "row"), ("tensor", "row"), ("row", "tensor")])
+def test_run_meets_kernel_bar(kinds, out_dtype, bias_dtype):
+    m, n, k = 17, 64, 96
+    a, b = random_fp8((m, k), torch.float8_e4m3fn), random_fp8((n, k), torch.float8_e4m3fn)
+    sa, sb = random_scale(scale_shape_for(kinds[0], m, k)), random_scale(scale_shape_for(kinds[1], n, k))
+    bias = torch.randn(n).to(bias_dtype) if bias_dtype else None
+    p = make_problem(a, b, sa, sb, bias, out_dtype)
+    assert CublasLtBackend().can_run(p)[0]
+    out = CublasLtBackend().run(p)
+    ref = gemm_ref64(a, b, sa, sb, bias)
+    assert out.dtype == out_dtype and out.shape == (m, n)
+    assert calc_diff(out, ref) <= rounding_bar(ref, out_dtype, KERNEL_FLOOR)
