@@ -27,6 +27,8 @@ import fp8_linear
 from fp8_linear.backends import candidates
 from fp8_linear.gemm import make_problem
 
+DEVICE = "cuda"
+
 
 def _time(fn, reps: int) -> float:
     """Median milliseconds of ``fn()`` over ``reps`` runs after 3 warm-ups, with CUDA events."""
@@ -44,15 +46,17 @@ def _time(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def build_model(layers: int):
+def build_model(layers: int, **shape):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
         hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
         num_hidden_layers=layers, vocab_size=32000, max_position_embeddings=8192,
     )
+    for k, v in shape.items():
+        setattr(cfg, k, v)
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(DEVICE):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     return model
 
@@ -67,7 +71,7 @@ def quantize_random(model, preset: str):
             hooks.append(mod.register_forward_hook(
                 lambda m, i, o, n=name: amax.__setitem__(n, max(amax.get(n, 0.0), i[0].abs().amax().item()))))
     with torch.inference_mode():
-        model(torch.randint(0, 32000, (1, 256), device="cuda"))
+        model(torch.randint(0, 32000, (1, 256), device=DEVICE))
     for h in hooks:
         h.remove()
     for name in list(amax):
@@ -80,10 +84,10 @@ def quantize_random(model, preset: str):
 def backend_of(model) -> str:
     for mod in model.modules():
         if isinstance(mod, fp8_linear.FP8Linear):
-            x = torch.zeros(16, mod.in_features, dtype=mod.weight.dtype, device="cuda")
-            sa = torch.ones(1, device="cuda") if mod.input_scale is not None else torch.ones(16, 1, device="cuda")
+            x = torch.zeros(16, mod.in_features, dtype=mod.weight.dtype, device=DEVICE)
+            sa = torch.ones(1, device=DEVICE) if mod.input_scale is not None else torch.ones(16, 1, device=DEVICE)
             if mod.scheme.activation_granularity == "group":
-                sa = torch.ones(16, (mod.in_features + 127) // 128, device="cuda")
+                sa = torch.ones(16, (mod.in_features + 127) // 128, device=DEVICE)
             p = make_problem(x, mod.weight, sa, mod.weight_scale, mod.bias, torch.bfloat16)
             return next(n for n, ok, _ in candidates(p) if ok)
     return "bf16"
@@ -100,8 +104,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("e2e_llama.py needs a CUDA GPU")
-    ids = torch.randint(0, 32000, (args.batch, args.seq), device="cuda")
-    tok = torch.randint(0, 32000, (args.batch, 1), device="cuda")
+    ids = torch.randint(0, 32000, (args.batch, args.seq), device=DEVICE)
+    tok = torch.randint(0, 32000, (args.batch, 1), device=DEVICE)
     rows = []
     for preset in ["bf16"] + args.presets.split(","):
         model = build_model(args.layers)
