@@ -4,6 +4,19 @@ from __future__ import annotations
 
 import torch
 
+WORDS = "the a of to and in is it that for on with as was by be this are or from at an not".split()
+
+
+def make_word_tokenizer():
+    """A real ``PreTrainedTokenizerFast`` over a small word-level vocabulary (pad id 0, unknown id 1)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, **{w: i + 2 for i, w in enumerate(WORDS)}}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]")
+
 
 def tiny_llama_config(**kw):
     from transformers import LlamaConfig

@@ -6,9 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from calib_helpers import tiny_llama_config
-
-WORDS = "the a of to and in is it that for on with as was by be this are or from at an not".split()
+from calib_helpers import make_word_tokenizer, tiny_llama_config
 
 
 class EmbedLinear(nn.Module):
@@ -33,13 +31,7 @@ def toy():
 @pytest.fixture(scope="session")
 def word_tokenizer():
     """A real ``PreTrainedTokenizerFast`` over a small word-level vocabulary (pad id 0)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"[PAD]": 0, "[UNK]": 1, **{w: i + 2 for i, w in enumerate(WORDS)}}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]")
+    return make_word_tokenizer()
 
 
 @pytest.fixture

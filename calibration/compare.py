@@ -1,0 +1,171 @@
+"""``compare_schemes``: calibrate once, quantize with every scheme, optionally save and reload each
+checkpoint, evaluate all against the unquantized model on held-out data, and tabulate.
+
+The baseline row is the unquantized model in the dtype it is evaluated in (``float32`` by default:
+on a CPU fp32 is the fast and exact choice; pass a bf16 model to get a bf16 baseline). Every quantized
+model runs its FP8 GEMM with activations and outputs in that same dtype, so the differences in the
+table are due to FP8 alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from fp8_linear.scheme import PRESETS, QuantScheme, resolve_scheme
+
+from .data import DEFAULT_BATCH_SIZE, DEFAULT_MAX_SAMPLES, DEFAULT_SEQ_LEN, Batch, corpus_text, materialize_batches
+from .evaluate import (
+    DEFAULT_EVAL_BATCH_SIZE,
+    DEFAULT_EVAL_SEQ_LEN,
+    DEFAULT_EVAL_WINDOWS,
+    eval_batches,
+    evaluate_models,
+    is_causal_lm,
+)
+from .quantize import DEFAULT_IGNORE, apply_quantization, calibrate, select_linears
+from .report import ComparisonTable
+
+#: Encoders: sentences of the eval split used for embedding cosine, and their max length.
+ENCODER_EVAL_SAMPLES = 64
+ENCODER_EVAL_SEQ_LEN = 128
+
+
+def _baseline_name(model: nn.Module) -> str:
+    dt = next(model.parameters()).dtype
+    return "unquantized-" + {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dt, str(dt))
+
+
+def _encoder_sentences(text: str) -> list[str]:
+    return [p.strip() for p in text.split("\n") if len(p.split()) >= 4]
+
+
+def build_eval_batches(model: nn.Module, eval_data, tokenizer, *, seq_len: int = DEFAULT_EVAL_SEQ_LEN,
+                       max_windows: int = DEFAULT_EVAL_WINDOWS, batch_size: int = DEFAULT_EVAL_BATCH_SIZE) -> list[Batch]:
+    """Evaluation batches for ``model``.
+
+    Causal LMs: fixed ``seq_len`` windows of the text (``eval_data`` a string or list of strings,
+    joined; ``None`` = the embedded eval split), or the user's token batches as given.
+    Encoders: one sentence per sample (lines of the eval split with >= 4 words when ``None``).
+    """
+    causal = is_causal_lm(model)
+    if eval_data is None or isinstance(eval_data, str) or (
+            isinstance(eval_data, (list, tuple)) and eval_data and all(isinstance(s, str) for s in eval_data)):
+        text = corpus_text("eval") if eval_data is None else (
+            eval_data if isinstance(eval_data, str) else "\n\n".join(eval_data))
+        if causal:
+            return eval_batches(tokenizer, text, seq_len=seq_len, max_windows=max_windows, batch_size=batch_size)
+        sents = _encoder_sentences(text) if eval_data is None or isinstance(eval_data, str) else list(eval_data)
+        return materialize_batches(sents, tokenizer, seq_len=ENCODER_EVAL_SEQ_LEN,
+                                   max_samples=ENCODER_EVAL_SAMPLES, batch_size=16)
+    return materialize_batches(eval_data, tokenizer, seq_len=seq_len, max_samples=max_windows * batch_size,
+                               batch_size=batch_size)
+
+
+def _folder_mb(path: str) -> float:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs) / 2**20
+
+
+def compare_schemes(
+    model: nn.Module,
+    eval_data=None,
+    schemes: Sequence["str | QuantScheme"] = tuple(PRESETS),
+    calib_data=None,
+    *,
+    tokenizer=None,
+    ignore: Iterable[str] = DEFAULT_IGNORE,
+    max_samples: int = DEFAULT_MAX_SAMPLES,
+    seq_len: int = DEFAULT_SEQ_LEN,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    eval_windows: int = DEFAULT_EVAL_WINDOWS,
+    eval_seq_len: int = DEFAULT_EVAL_SEQ_LEN,
+    save_reload: bool = True,
+    checkpoint_dir: str | os.PathLike | None = None,
+    output_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> ComparisonTable:
+    """Quantize ``model`` with each scheme and compare them against the unquantized model.
+
+    Args:
+        model: an unquantized transformers causal LM or encoder (left unchanged; copies are quantized).
+        eval_data: held-out data (text, list of strings, token batches in any accepted form);
+            ``None`` = the embedded corpus' eval split (disjoint from its calibration split).
+        schemes: preset names or :class:`~fp8_linear.QuantScheme` s (default: every preset).
+        calib_data: calibration data in any accepted form (``None`` = the embedded calibration split);
+            calibrated once, shared by every static scheme.
+        tokenizer: needed for text data.
+        ignore / max_samples / seq_len / batch_size: as for ``quantize_model``.
+        eval_windows / eval_seq_len: causal LMs: number and length of the perplexity windows.
+        save_reload: save each quantized model with ``save_quantized`` and evaluate the reloaded
+            checkpoint (``load_quantized``), i.e. exactly what a user would serve.
+        checkpoint_dir: where the checkpoints go (``<dir>/<scheme>``); default a temporary folder
+            that is removed at the end.
+        output_dir: if given, the table (``comparison.md/.csv/.json``) and PNG plots are written there.
+        progress: tqdm progress bars.
+
+    Returns:
+        a :class:`~fp8_linear.calibration.report.ComparisonTable`: baseline row first, one row per scheme.
+    """
+    schemes = [resolve_scheme(s) for s in schemes]
+    if not schemes:
+        raise ValueError("schemes: expected at least one scheme or preset name, got none")
+    names = [s.name for s in schemes]
+    if len(set(names)) != len(names):
+        raise ValueError(f"schemes: expected distinct scheme names, got {names}")
+    dtype = next(model.parameters()).dtype
+    targets = select_linears(model, ignore)
+    notes = {"eval_dtype": str(dtype).replace("torch.", ""), "schemes": {s.name: s.__dict__ for s in schemes}}
+    observers, t_cal = None, 0.0
+    if any(s.static for s in schemes):
+        t0 = time.perf_counter()
+        batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size)
+        observers = calibrate(model, targets, batches, progress=progress)
+        t_cal = time.perf_counter() - t0
+        notes.update(calib_samples=sum(b.input_ids.shape[0] for b in batches), calib_tokens=sum(b.num_tokens for b in batches),
+                     calibrate_s=round(t_cal, 2))
+    eb = build_eval_batches(model, eval_data, tokenizer, seq_len=eval_seq_len, max_windows=eval_windows)
+    own_tmp = checkpoint_dir is None and save_reload
+    ckpt_root = tempfile.mkdtemp(prefix="fp8-compare-") if own_tmp else (str(checkpoint_dir) if checkpoint_dir else None)
+    quantized, extra = {}, {}
+    try:
+        for s in schemes:
+            t0 = time.perf_counter()
+            q = copy.deepcopy(model)
+            apply_quantization(q, select_linears(q, ignore), s, observers)
+            extra[s.name] = {"quantize_s": time.perf_counter() - t0 + (t_cal if s.static else 0.0)}
+            if save_reload:
+                from fp8_linear.checkpoint import load_quantized, save_quantized
+
+                path = os.path.join(ckpt_root, s.name)
+                save_quantized(q, path, tokenizer=tokenizer, overwrite=True)
+                del q
+                q = load_quantized(path, dtype=dtype).eval()
+                extra[s.name]["checkpoint_mb"] = _folder_mb(path)
+            quantized[s.name] = q
+        base = _baseline_name(model)
+        results = evaluate_models({base: model, **quantized}, base, eb, progress=progress)
+    finally:
+        if own_tmp:
+            shutil.rmtree(ckpt_root, ignore_errors=True)
+    table = ComparisonTable(notes=notes)
+    base_ppl = results[base].perplexity
+    for name, r in results.items():
+        row = {"scheme": name, "perplexity": r.perplexity, "top1_agreement": r.top1_agreement, "kl": r.kl,
+               "embedding_cosine": r.embedding_cosine, "mean_sqnr_db": r.mean_sqnr_db, "min_sqnr_db": r.min_sqnr_db,
+               **extra.get(name, {})}
+        if base_ppl is not None:
+            row["ppl_delta_pct"] = 100.0 * (r.perplexity / base_ppl - 1.0)
+        table.rows.append(row)
+        if r.layer_sqnr_db:
+            table.layer_sqnr_db[name] = r.layer_sqnr_db
+    notes["eval_tokens_or_samples"] = results[base].tokens
+    if output_dir is not None:
+        notes["files"] = table.save(output_dir)
+    return table

@@ -1,0 +1,194 @@
+"""Evaluation of quantized models against their unquantized twin.
+
+Metrics (all computed in lockstep over the same batches, so one batch of activations is alive at a time):
+
+- causal LMs: perplexity (next-token NLL over fixed, non-overlapping windows of held-out text), top-1
+  agreement with the reference model's argmax, and ``KL(reference || quantized)`` per token (nats);
+- encoders: cosine between mean-pooled (attention-masked, as sentence-transformers all-MiniLM does)
+  last hidden states of the quantized and the reference model;
+- per layer: SQNR in dB of each ``FP8Linear`` output against the unquantized linear's output on the
+  *same* input (``10 log10(sum y_ref^2 / sum (y - y_ref)^2)``).
+
+The reference is the unquantized model in the dtype it is evaluated in (fp32 on CPU by default).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fp8_linear.module import FP8Linear
+
+from .data import Batch, corpus_text, text_windows
+
+#: Default evaluation: windows of this many tokens from the eval split, at most this many windows.
+DEFAULT_EVAL_SEQ_LEN = 512
+DEFAULT_EVAL_WINDOWS = 8
+DEFAULT_EVAL_BATCH_SIZE = 4
+#: Batches used for per-layer SQNR (each costs one extra high-precision matmul per layer).
+SQNR_BATCHES = 1
+
+
+@dataclass
+class EvalResult:
+    """Metrics of one model (``None`` where the metric does not apply)."""
+
+    name: str
+    perplexity: float | None = None
+    nll: float | None = None
+    tokens: int = 0
+    top1_agreement: float | None = None
+    kl: float | None = None
+    embedding_cosine: float | None = None
+    layer_sqnr_db: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def mean_sqnr_db(self) -> float | None:
+        v = [x for x in self.layer_sqnr_db.values() if math.isfinite(x)]
+        return sum(v) / len(v) if v else None
+
+    @property
+    def min_sqnr_db(self) -> float | None:
+        return min(self.layer_sqnr_db.values()) if self.layer_sqnr_db else None
+
+
+def eval_batches(tokenizer, text: str | None = None, *, seq_len: int = DEFAULT_EVAL_SEQ_LEN,
+                 max_windows: int = DEFAULT_EVAL_WINDOWS, batch_size: int = DEFAULT_EVAL_BATCH_SIZE) -> list[Batch]:
+    """Fixed, non-overlapping ``seq_len``-token windows of ``text`` (default: the embedded corpus' eval
+    split, disjoint from calibration), batched: ``input_ids``/``attention_mask`` ``[B, seq_len]`` int64."""
+    wins = text_windows(corpus_text("eval") if text is None else text, tokenizer, seq_len, max_windows)
+    if not wins:
+        raise ValueError("eval text: expected at least one token, got an empty text")
+    out = []
+    for i in range(0, len(wins), batch_size):
+        chunk = wins[i: i + batch_size]
+        t = min(w.numel() for w in chunk)
+        ids = torch.stack([w[:t] for w in chunk])
+        out.append(Batch(ids, torch.ones_like(ids)))
+    return out
+
+
+def is_causal_lm(model: nn.Module) -> bool:
+    """True for models with a language-modelling head (``*ForCausalLM``)."""
+    return hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None and \
+        type(model).__name__.endswith("ForCausalLM")
+
+
+def _mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+
+
+class _SqnrProbe:
+    """Forward hooks on the FP8Linear modules of a quantized model: accumulate ``sum y_ref^2`` and
+    ``sum (y - y_ref)^2`` where ``y_ref`` is the reference Linear applied to the same input (fp64)."""
+
+    def __init__(self, model: nn.Module, reference: nn.Module):
+        ref_mods = dict(reference.named_modules())
+        self.sig: dict[str, float] = {}
+        self.noise: dict[str, float] = {}
+        self.handles = []
+        for name, mod in model.named_modules():
+            if isinstance(mod, FP8Linear) and isinstance(ref_mods.get(name), nn.Linear):
+                self.handles.append(mod.register_forward_hook(self._hook(name, ref_mods[name])))
+
+    def _hook(self, name, ref: nn.Linear):
+        def hook(_m, args, out):
+            x = args[0].double()
+            y_ref = F.linear(x, ref.weight.double(), None if ref.bias is None else ref.bias.double())
+            self.sig[name] = self.sig.get(name, 0.0) + float(y_ref.square().sum())
+            self.noise[name] = self.noise.get(name, 0.0) + float((out.double() - y_ref).square().sum())
+
+        return hook
+
+    def remove(self) -> dict[str, float]:
+        for h in self.handles:
+            h.remove()
+        return {n: 10 * math.log10(self.sig[n] / self.noise[n]) if self.noise[n] > 0 else math.inf for n in self.sig}
+
+
+def evaluate_models(
+    models: dict[str, nn.Module],
+    reference: str,
+    batches: Sequence[Batch],
+    *,
+    progress: bool = True,
+    sqnr_batches: int = SQNR_BATCHES,
+) -> dict[str, EvalResult]:
+    """Evaluate several models against ``models[reference]`` on the same ``batches``, in lockstep.
+
+    Args:
+        models: name -> model (all causal LMs, or all encoders); one of them is the reference.
+        reference: the name of the unquantized model.
+        batches: from :func:`eval_batches` (causal LMs: every position is a real token) or any
+            :class:`Batch` es (encoders; padding excluded from pooling).
+        sqnr_batches: how many batches feed the per-layer SQNR of quantized models.
+
+    Returns:
+        name -> :class:`EvalResult`. Causal LMs: ``perplexity`` (exp of the mean next-token NLL),
+        ``top1_agreement`` and ``kl`` (mean ``KL(reference || model)`` per predicted token, nats).
+        Encoders: ``embedding_cosine`` (mean over sentences). ``layer_sqnr_db`` for quantized models.
+    """
+    from tqdm.auto import tqdm
+
+    if reference not in models:
+        raise ValueError(f"reference: expected one of {list(models)}, got {reference!r}")
+    ref_model = models[reference]
+    causal = is_causal_lm(ref_model)
+    res = {n: EvalResult(n) for n in models}
+    nll = {n: 0.0 for n in models}
+    agree = {n: 0 for n in models}
+    kl = {n: 0.0 for n in models}
+    cos = {n: 0.0 for n in models}
+    count, sentences = 0, 0
+    order = [reference] + [n for n in models if n != reference]
+    with torch.inference_mode():
+        for bi, b in enumerate(tqdm(batches, desc="evaluating", unit="batch", disable=not progress)):
+            ref_out = None
+            for n in order:
+                m = models[n]
+                probe = _SqnrProbe(m, ref_model) if n != reference and bi < sqnr_batches else None
+                dev = next(m.parameters()).device
+                out = m(input_ids=b.input_ids.to(dev), attention_mask=b.attention_mask.to(dev))
+                if probe is not None:
+                    for k, v in probe.remove().items():
+                        res[n].layer_sqnr_db.setdefault(k, [])
+                        res[n].layer_sqnr_db[k].append(v)
+                if causal:
+                    logp = torch.log_softmax(out.logits[:, :-1].float(), dim=-1).cpu()
+                    tgt = b.input_ids[:, 1:]
+                    nll[n] -= float(logp.gather(-1, tgt.unsqueeze(-1)).sum())
+                    if ref_out is None:
+                        ref_out = logp
+                    else:
+                        agree[n] += int((logp.argmax(-1) == ref_out.argmax(-1)).sum())
+                        kl[n] += float((ref_out.exp() * (ref_out - logp)).sum())
+                else:
+                    emb = _mean_pool(out.last_hidden_state.float().cpu(), b.attention_mask)
+                    if ref_out is None:
+                        ref_out = emb
+                    cos[n] += float(F.cosine_similarity(emb.double(), ref_out.double(), dim=-1).sum())
+            count += b.input_ids[:, 1:].numel()
+            sentences += b.input_ids.shape[0]
+    for n, r in res.items():
+        r.layer_sqnr_db = {k: _combine_db(v) for k, v in r.layer_sqnr_db.items()}
+        if causal:
+            r.tokens = count
+            r.nll = nll[n] / count
+            r.perplexity = math.exp(r.nll)
+            r.top1_agreement = 1.0 if n == reference else agree[n] / count
+            r.kl = 0.0 if n == reference else kl[n] / count
+        else:
+            r.tokens = sentences
+            r.embedding_cosine = cos[n] / sentences
+    return res
+
+
+def _combine_db(values: list[float]) -> float:
+    """Mean of per-batch SQNRs in dB (batches are equal-sized windows)."""
+    return sum(values) / len(values)

@@ -1,0 +1,45 @@
+"""Fixtures of the CLI tests: tiny real models saved with save_pretrained, and text files."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "calibration"))
+from calib_helpers import WORDS, make_word_tokenizer, tiny_llama_config  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    """A tiny Llama (2 layers, hidden 32) and its word-level tokenizer in an HF folder."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("tiny_llama")
+    LlamaForCausalLM(tiny_llama_config()).save_pretrained(d)
+    make_word_tokenizer().save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(tmp_path_factory):
+    """A tiny GPT-2: its blocks use Conv1D, so its only nn.Linear is the tied lm_head."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    d = tmp_path_factory.mktemp("tiny_gpt2")
+    GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=64, n_embd=16, n_layer=1, n_head=2)).save_pretrained(d)
+    make_word_tokenizer().save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def text_file(tmp_path_factory):
+    """A text file of 40 paragraphs of vocabulary words (deterministic)."""
+    g = torch.Generator().manual_seed(0)
+    paras = [" ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (30,), generator=g).tolist()) for _ in range(40)]
+    p = tmp_path_factory.mktemp("data") / "text.txt"
+    p.write_text("\n\n".join(paras))
+    return p
