@@ -13,6 +13,8 @@ from fp8_linear.formats import FORMATS, MIN_SCALE
 FMTS = list(FORMATS)
 DRAWS = 100_000
 STD_ERRORS = 3.0
+#: Seed of the statistical tests (their bar is probabilistic, so their draws are fixed).
+STAT_SEED = 20251129
 
 
 def _all_finite_values(dtype: torch.dtype) -> torch.Tensor:
@@ -119,7 +121,8 @@ def test_scale_shapes_and_amax_semantics(granularity, shape, expected):
 def test_stochastic_rounding_is_unbiased(fmt, value):
     dtype = FORMATS[fmt]
     x = torch.full((DRAWS,), value)
-    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,))))
+    # A fixed seed: a 3-standard-error bar fails 0.3 % of fresh draws, which CI must not see.
+    g = torch.Generator().manual_seed(STAT_SEED)
     q, _ = quantize_fp8(x, fmt, scale=torch.ones(1), rounding="stochastic", generator=g)
     qf = q.double()
     lo, hi = qf.min().item(), qf.max().item()
@@ -132,8 +135,8 @@ def test_stochastic_rounding_is_unbiased(fmt, value):
 
 
 def test_stochastic_rounding_unbiased_over_random_values():
-    x = torch.randn(DRAWS) * 10
-    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(DRAWS, generator=torch.Generator().manual_seed(STAT_SEED + 1)) * 10
+    g = torch.Generator().manual_seed(STAT_SEED)
     q, s = quantize_fp8(x, "e4m3", scale=torch.tensor([0.05]), rounding="stochastic", generator=g)
     err = dequantize_fp8(q, s).double() - x.double()
     assert abs(err.mean().item()) <= STD_ERRORS * err.std().item() / math.sqrt(DRAWS)
