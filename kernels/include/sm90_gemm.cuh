@@ -11,6 +11,8 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -438,14 +440,24 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
   if (!(done_mask.load(std::memory_order_acquire) & bit)) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
     if (e != cudaSuccess) return cudaGetErrorString(e);
-    int n = la.num_sms / CL;
+    // Persistent grid: one CTA per SM. For clusters the occupancy query is only reported (verbose):
+    // a grid larger than what is co-resident is still correct (tiles are walked in a loop).
+    const int n = la.num_sms / CL;
+    int active = -1;
     if (CL > 1) {
       cfg.gridDim = dim3(la.num_sms / CL * CL, 1, 1);
-      int active = 0;
-      if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) == cudaSuccess && active > 0) n = active;
-      else cudaGetLastError();
+      if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) != cudaSuccess) {
+        active = -1;
+        cudaGetLastError();
+      }
     }
     max_clusters[dev & 63].store(n, std::memory_order_relaxed);
+    if (const char* v = getenv("FP8_LINEAR_SM90_VERBOSE"); v != nullptr && v[0] == '1') {
+      fprintf(stderr,
+              "fp8_linear sm90: BN=%d swap=%d nacc=%d cluster=%d stages=%d smem=%d: grid up to %d clusters "
+              "(occupancy query: %d)\n",
+              BN, int(SWAP), NACC, CL, C::kStages, C::kSmem, n, active);
+    }
     done_mask.fetch_or(bit, std::memory_order_acq_rel);
   }
   const int num_m = (la.rows_a + kBM - 1) / kBM;

@@ -106,7 +106,7 @@ def test_can_run_valid_cpu_problem_needs_cuda():
 # ---------------------------------------------------------------- config selection
 @pytest.mark.parametrize("m, cid, bn, swap", [(1, 1, 16, True), (16, 1, 16, True), (17, 2, 32, True),
                                                (32, 2, 32, True), (33, 3, 64, True), (64, 3, 64, True),
-                                               (65, 5, 128, False), (8192, 5, 128, False)])
+                                               (65, 0, 128, False), (8192, 0, 128, False)])
 def test_select_config(m, cid, bn, swap, monkeypatch):
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     c = configs.select_config(m, 4096, 4096)
