@@ -52,9 +52,12 @@ def format_name(dtype: torch.dtype) -> str:
     raise TypeError(f"dtype: expected an FP8 dtype {FP8_DTYPES}, got {dtype}")
 
 
-def fmt_max(dtype: torch.dtype) -> float:
-    """Largest finite value of the FP8 ``dtype`` (448 for e4m3, 57344 for e5m2)."""
-    return float(torch.finfo(dtype).max)
+def fmt_max(dtype: "torch.dtype | str") -> float:
+    """Largest finite value of the FP8 ``dtype`` (448 for e4m3, 57344 for e5m2; a name works too).
+
+    Raises ``TypeError`` / ``ValueError`` for anything that is not an FP8 format (never fp32's max).
+    """
+    return float(torch.finfo(resolve_format(dtype, "dtype")).max)
 
 
 def min_normal_exponent(dtype: torch.dtype) -> int:

@@ -11,6 +11,7 @@ from torch import nn
 from fp8_linear import (
     PRESETS,
     FP8Linear,
+    fmt_max,
     QuantScheme,
     ScaleError,
     ShapeError,
@@ -149,6 +150,11 @@ MODULE = [
         ShapeError, "weight", f"[{N}, {K}]", f"[{K}, {N}]"),
 ]
 
+FORMAT = [
+    Bad("fmt_max-fp32", lambda: fmt_max(torch.float32), TypeError, "dtype", "FP8 dtype", "torch.float32"),
+    Bad("fmt_max-name", lambda: fmt_max("fp8"), ValueError, "dtype", "'e4m3'", "'fp8'"),
+]
+
 SCHEME = [
     Bad("scheme-weight-granularity", lambda: QuantScheme("x", "row", False, "tensor"), ValueError, "weight_granularity", "'channel'", "'row'"),
     Bad("scheme-activation-granularity", lambda: QuantScheme("x", "tensor", True, "block"), ValueError, "activation_granularity", "'token'", "'block'"),
@@ -159,7 +165,7 @@ SCHEME = [
     Bad("scheme-resolve-int", lambda: resolve_scheme(3), ValueError, "scheme", "'fp8-block'", "3"),
 ]
 
-CASES = QUANTIZE + GEMM + MODULE + SCHEME
+CASES = QUANTIZE + GEMM + MODULE + FORMAT + SCHEME
 
 
 @params(CASES)
