@@ -9,6 +9,7 @@ not the sm90 kernel exists. Run: ``pytest -m gpu tests/core/test_gpu_cublaslt.py
 from __future__ import annotations
 
 import functools
+import logging
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from helpers import KERNEL_FLOOR, calc_diff, gemm_ref64, random_fp8, random_scal
 from torch import nn
 
 from fp8_linear import PRESETS, FP8Linear, fp8_gemm
+import fp8_linear.backends as backends
 from fp8_linear.backends import BACKEND_ENV, candidates
 from fp8_linear.gemm import make_problem
 from fp8_linear.quantize import dynamic_quantize, quantize_unchecked
@@ -136,3 +138,20 @@ def test_forced_cublaslt_vs_fp64_reference(monkeypatch, out_dtype, kinds, m, n, 
     # Older torch builds write row-wise torch._scaled_mm results in bf16 only (the backend then converts).
     effective = torch.bfloat16 if "row" in kinds else out_dtype
     assert calc_diff(out, ref) <= max(rounding_bar(ref, effective, KERNEL_FLOOR), rounding_bar(ref, out_dtype, KERNEL_FLOOR))
+
+
+def test_k_not_multiple_of_16_falls_back_with_reason_logged(monkeypatch, caplog):
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    monkeypatch.setattr(backends, "_logged", set())
+    caplog.set_level(logging.INFO, logger="fp8_linear")
+    mod = FP8Linear.from_linear(nn.Linear(40, 256, device="cuda"), "fp8-dynamic")
+    x = torch.randn(8, 40, device="cuda", dtype=torch.bfloat16)
+    verdicts = {n: (ok, r) for n, ok, r in candidates(_problem_of(mod, x))}
+    assert verdicts["cublaslt"][0] is False and "K=40" in verdicts["cublaslt"][1]
+    if "kernel module unavailable" not in verdicts["sm90"][1]:
+        assert verdicts["sm90"][0] is False
+    out = mod(x)
+    logged = " ".join(r.getMessage() for r in caplog.records if r.name == "fp8_linear")
+    assert "GEMM backend emulated" in logged and "cublaslt skipped: K=40" in logged
+    monkeypatch.setenv(BACKEND_ENV, "emulated")
+    assert torch.equal(out, mod(x))
