@@ -51,6 +51,9 @@ CASES = [
         TypeError, "model", "torch.nn.Module", "str"),
     Bad("calib-no-linear", lambda: quantize_model(nn.Sequential(nn.Embedding(4, 4)), [IDS], progress=False),
         ValueError, "model", "at least one nn.Linear", "has none"),
+    Bad("calib-max-samples-zero", _quantize([IDS], max_samples=0), ValueError, "max_samples", "positive", "/0"),
+    Bad("calib-seq-len-negative", _quantize([IDS], seq_len=-5), ValueError, "seq_len", "positive", "-5/"),
+    Bad("calib-batch-size-zero", _quantize([IDS], batch_size=0), ValueError, "batch_size", "positive", "0"),
     Bad("calib-everything-ignored", _quantize([IDS], ignore=("re:.*",)), ValueError, "model", "at least one nn.Linear", "ignored"),
 ]
 
