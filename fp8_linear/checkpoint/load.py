@@ -65,8 +65,10 @@ def _build_empty_model(folder: str, dtype: torch.dtype | None) -> nn.Module:
 def _swap_linears(model: nn.Module, plan: QuantPlan, dtype: torch.dtype | None) -> dict[str, FP8Linear]:
     """Replace every ``nn.Linear`` the plan quantizes by a meta :class:`FP8Linear`; ``{name: module}``."""
     swapped = {}
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if plan.keep_output_embeddings and callable(get_head) else None
     for name, mod in list(model.named_modules()):
-        if not isinstance(mod, nn.Linear):
+        if not isinstance(mod, nn.Linear) or mod is head:
             continue
         scheme = plan.scheme_for(name, mod)
         if scheme is None:

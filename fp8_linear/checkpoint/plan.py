@@ -18,15 +18,14 @@ MATCH_STYLES = ("ct", "substring", "glob")
 
 
 def pattern_matches(pattern: str, name: str, module: nn.Module | None, style: str) -> bool:
-    """True when ``pattern`` (in ``style``, see :data:`MATCH_STYLES`) selects module ``name``."""
+    """True when ``pattern`` (in ``style``, see :data:`MATCH_STYLES`) selects module ``name``; in every
+    style a class name (``"Linear"`` for any ``nn.Linear``) selects the modules of that class."""
+    if module is not None and (pattern == type(module).__name__ or (pattern == "Linear" and isinstance(module, nn.Linear))):
+        return True
     if style == "ct":
         if pattern.startswith("re:"):
             return re.match(pattern[3:], name) is not None
-        if pattern == name:
-            return True
-        if module is not None:
-            return pattern == type(module).__name__ or (pattern == "Linear" and isinstance(module, nn.Linear))
-        return False
+        return pattern == name
     if style == "substring":
         return pattern == name or pattern in name
     if style == "glob":
@@ -46,6 +45,8 @@ class QuantPlan:
         renames: stored tensor suffix -> ``FP8Linear`` parameter name (``weight_scale_inv`` -> ``weight_scale``).
         zero_points: stored suffixes accepted only when all zero (symmetric zero points), then dropped.
         notes: caveats of the mapping, logged as warnings at load.
+        keep_output_embeddings: never quantize the output embedding (``lm_head``), as transformers'
+            fp8 / fbgemm quantizers never convert it whatever the ignore list says.
     """
 
     method: str
@@ -55,6 +56,7 @@ class QuantPlan:
     renames: dict[str, str] = field(default_factory=dict)
     zero_points: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
+    keep_output_embeddings: bool = False
 
     def scheme_for(self, name: str, module: nn.Module) -> QuantScheme | None:
         """The scheme of Linear ``name`` (``None`` when ignored or targeted by no group)."""

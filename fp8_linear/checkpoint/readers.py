@@ -71,7 +71,8 @@ def _plan_fp8(qc: dict) -> QuantPlan:
         raise CheckpointError(
             f"config.json quantization_config.modules_to_convert: expected null (every Linear not ignored is FP8), "
             f"got {qc['modules_to_convert']!r}")
-    return QuantPlan("fp8", [(["Linear"], scheme)], list(ignore), "substring", renames=dict(FP8_RENAMES))
+    return QuantPlan("fp8", [(["Linear"], scheme)], list(ignore), "substring", renames=dict(FP8_RENAMES),
+                     keep_output_embeddings=True)
 
 
 def _plan_fbgemm(qc: dict) -> QuantPlan:
@@ -81,7 +82,7 @@ def _plan_fbgemm(qc: dict) -> QuantPlan:
         notes.append(f"fbgemm_fp8 activation_scale_ub={qc['activation_scale_ub']} (an upper bound on per-token "
                      "activation scales) is not applied; per-token scales are plain amax / 448")
     return QuantPlan("fbgemm_fp8", [(["Linear"], scheme)], list(qc.get("modules_to_not_convert") or []),
-                     "substring", notes=notes)
+                     "substring", notes=notes, keep_output_embeddings=True)
 
 
 def _plan_modelopt(q: dict, source: str) -> QuantPlan:

@@ -123,10 +123,15 @@ def save_quantized(model: nn.Module, path: str | os.PathLike, tokenizer=None, ov
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-", dir=parent)
     old_qc = model.config.__dict__.get("quantization_config", _UNSET)
+    old_quantizer = model.__dict__.get("hf_quantizer", _UNSET)
     old_tie = _UNSET
     try:
         open(os.path.join(tmp, INCOMPLETE_MARKER), "wb").close()
         model.config.quantization_config = qc
+        # A model read from GGUF carries transformers' gguf quantizer, which refuses to save; its
+        # weights are already dequantized and the FP8 ones are ours, described by ``qc``.
+        if old_quantizer is not _UNSET:
+            model.hf_quantizer = None
         old_tie = _untie_quantized_head(model)
         model.save_pretrained(tmp, max_shard_size=max_shard_size)
         if tokenizer is not None:
@@ -145,6 +150,8 @@ def save_quantized(model: nn.Module, path: str | os.PathLike, tokenizer=None, ov
             model.config.__dict__.pop("quantization_config", None)
         else:
             model.config.quantization_config = old_qc
+        if old_quantizer is not _UNSET:
+            model.hf_quantizer = old_quantizer
         if old_tie is not _UNSET:
             model.config.tie_word_embeddings = old_tie
     return target
