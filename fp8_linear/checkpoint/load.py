@@ -51,9 +51,15 @@ def _build_empty_model(folder: str, dtype: torch.dtype | None) -> nn.Module:
         delattr(config, "quantization_config")  # build the plain model; we do the quantized modules ourselves
     arch = (getattr(config, "architectures", None) or [None])[0]
     cls = getattr(transformers, arch, None) if arch else None
+    if cls is None:  # no (known) architecture recorded: a causal LM when the model type has one
+        causal = type(config) in transformers.AutoModelForCausalLM._model_mapping
+        cls = transformers.AutoModelForCausalLM if causal else transformers.AutoModel
+        build = cls.from_config
+    else:
+        build = cls._from_config
     kw = {"dtype": dtype} if dtype is not None else {}
     with init_empty_weights():
-        model = cls._from_config(config, **kw) if cls is not None else transformers.AutoModel.from_config(config, **kw)
+        model = build(config, **kw)
     if qc is not None:
         model.config.quantization_config = qc
     tie = getattr(model, "tie_weights", None)
@@ -182,8 +188,9 @@ def _plan_reads(model, plan, swapped, stored: dict[str, TensorInfo]):
             reads[mkey] = (skey, _fp8_expectation(skey, info, mod, pname))
             continue
         if mkey not in entries:
-            raise CheckpointError(f"{skey}: unexpected tensor in {os.path.basename(info.file)} (the model has no such "
-                                  f"parameter or buffer)")
+            why = (f"the quantization config leaves Linear {owner} unquantized" if owner in ignored_linears
+                   else "the model has no such parameter or buffer")
+            raise CheckpointError(f"{skey}: unexpected tensor in {os.path.basename(info.file)} ({why})")
         _plain_expectation(skey, info, entries[mkey], owner in ignored_linears)
         reads[mkey] = (skey, tuple(info.shape))
     for group in alias_groups:

@@ -47,6 +47,7 @@ def smollm2_hf_dir(smollm2, tmp_path_factory) -> str:
     folder = str(tmp_path_factory.mktemp("smollm2_hf"))
     config = model.config.to_dict()
     config.pop("quantization_config", None)  # the GGUF "quantization" is already dequantized
+    config["architectures"] = [type(model).__name__]
     type(model.config).from_dict(config).save_pretrained(folder)
     save_model(model, os.path.join(folder, "model.safetensors"))
     tok.save_pretrained(folder)
