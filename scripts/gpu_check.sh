@@ -9,7 +9,7 @@ OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 # Installed (editable if the image's setuptools allows, else a plain install); python -P keeps the
 # source folder off sys.path so that fp8_linear.calibration / fp8_linear.kernels resolve as installed.
-{ pip install --no-deps --no-build-isolation -e . || pip install --no-deps --no-build-isolation . ; } > "$OUT/pip.txt" 2>&1
+{ python3 -m pip install --no-deps --no-build-isolation -e . || python3 -m pip install --no-deps --no-build-isolation . ; } > "$OUT/pip.txt" 2>&1
 tail -n 2 "$OUT/pip.txt"
 python3 -P -c "import fp8_linear.calibration, fp8_linear.kernels, fp8_linear.checkpoint; print('imports ok')" || exit 1
 export FP8_LINEAR_CACHE=${FP8_LINEAR_CACHE:-$PWD/.fp8_cache}
