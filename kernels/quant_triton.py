@@ -11,6 +11,7 @@ Modes (``x`` is 2-D ``[rows, K]``, any float dtype, last dim contiguous):
 - ``MODE_GROUP``: returns scales ``[rows, ceil(K/128)]``.
 
 Triton is imported lazily; :func:`available` says whether this path can run and why not.
+The path is opt-in (``FP8_LINEAR_FUSED_QUANT=1``); see :data:`ENV_DISABLE`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ MODE_STATIC, MODE_TOKEN, MODE_GROUP = 0, 1, 2
 ROW_BLOCK = 1024
 #: Group width of the 1x128 activation groups (DESIGN section 2).
 GROUP = 128
-#: Set to 0 to disable the fused path (falls back to the torch ops).
+#: Opt-in switch: set to 1 to use the fused path. Off by default until its GPU check passes
+#: (device run 9, benchmarks/NOTES.md: scales agree with the CPU path, but not bitwise with torch's
+#: CUDA ops, which divide by a Python scalar through a reciprocal, and 2 of 30 1x128-group cases
+#: differed in FP8 bits; both left to verify on the next device session).
 ENV_DISABLE = "FP8_LINEAR_FUSED_QUANT"
 
 
@@ -51,7 +55,7 @@ def _kernel():
                 tl.store(s_ptr + row * n_groups + g, scale)
                 y = tl.div_rn(v, scale)
                 y = tl.where(y != y, y, tl.minimum(tl.maximum(y, -fmt_max), fmt_max))
-                tl.store(q_row + offs, y.to(q_ptr.dtype.element_ty), mask=mask)
+                tl.store(q_row + offs, y.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
         else:
             if MODE == 0:
                 scale = tl.load(s_ptr)
@@ -71,7 +75,7 @@ def _kernel():
                 v = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
                 y = tl.div_rn(v, scale)
                 y = tl.where(y != y, y, tl.minimum(tl.maximum(y, -fmt_max), fmt_max))
-                tl.store(q_row + offs, y.to(q_ptr.dtype.element_ty), mask=mask)
+                tl.store(q_row + offs, y.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
 
     return quant_rows
 
@@ -87,8 +91,8 @@ def _triton_status() -> tuple[bool, str]:
 
 def available(x: torch.Tensor) -> tuple[bool, str]:
     """Whether the fused path can quantize ``x`` (CUDA, 2-D, last dim contiguous, Triton present)."""
-    if os.environ.get(ENV_DISABLE, "1") == "0":
-        return False, f"disabled by {ENV_DISABLE}=0"
+    if os.environ.get(ENV_DISABLE, "0") != "1":
+        return False, f"off (opt in with {ENV_DISABLE}=1)"
     if x.device.type != "cuda":
         return False, f"needs a CUDA tensor, got {x.device.type}"
     if x.dim() != 2 or x.stride(-1) != 1:

@@ -1,8 +1,11 @@
 """End to end on a GPU: quantize on CPU, save, load onto CUDA, run on the default backend.
 
 The model loaded with ``device_map="cuda"`` must give the logits of the same checkpoint run on the
-CPU through the emulated backend (only the GEMM summation order differs), every preset, and the
-backend that ran must be the first able one of the ordered list (sm90 on Hopper).
+CPU through the emulated backend, every preset, and the backend that ran must be the first able one
+of the ordered list (sm90 on Hopper). The bar is DESIGN's model-level 1e-3: a tensor-core GEMM
+differs from the fp32 reference by calc_diff ~8e-9 per layer (H200, scripts run 10), and those
+differences flip a few FP8 roundings when the next layer quantizes its input, so logits of a
+2-layer model differ by ~4e-4 (measured 4.2e-4 to 4.8e-4 on sm90, < 1e-5 for the emulated fp8-block).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from helpers import calc_diff
 pytestmark = pytest.mark.gpu
 
 #: Agreement of the GPU-loaded model with the CPU emulated run of the same checkpoint (fp32 logits).
-LOGIT_BAR = 1e-5
+LOGIT_BAR = 1e-3
 
 
 def _tiny_llama():
