@@ -30,7 +30,7 @@ from .evaluate import (
     evaluate_models,
     is_causal_lm,
 )
-from .quantize import DEFAULT_IGNORE, apply_quantization, calibrate, select_linears
+from .quantize import DEFAULT_IGNORE, apply_quantization, calibrate, needs_histogram, select_linears
 from .report import ComparisonTable
 
 #: Encoders: sentences of the eval split used for embedding cosine, and their max length.
@@ -86,6 +86,7 @@ def compare_schemes(
     batch_size: int = DEFAULT_BATCH_SIZE,
     eval_windows: int = DEFAULT_EVAL_WINDOWS,
     eval_seq_len: int = DEFAULT_EVAL_SEQ_LEN,
+    gptq: bool = True,
     save_reload: bool = True,
     checkpoint_dir: str | os.PathLike | None = None,
     output_dir: str | os.PathLike | None = None,
@@ -103,6 +104,7 @@ def compare_schemes(
         tokenizer: needed for text data.
         ignore / max_samples / seq_len / batch_size: as for ``quantize_model``.
         eval_windows / eval_seq_len: causal LMs: number and length of the perplexity windows.
+        gptq: GPTQ error compensation of the weight rounding (see ``quantize_model``), for every scheme.
         save_reload: save each quantized model with ``save_quantized`` and evaluate the reloaded
             checkpoint (``load_quantized``), i.e. exactly what a user would serve.
         checkpoint_dir: where the checkpoints go (``<dir>/<scheme>``); default a temporary folder
@@ -121,12 +123,12 @@ def compare_schemes(
         raise ValueError(f"schemes: expected distinct scheme names, got {names}")
     dtype = next(model.parameters()).dtype
     targets = select_linears(model, ignore)
-    notes = {"eval_dtype": str(dtype).replace("torch.", ""), "schemes": {s.name: s.__dict__ for s in schemes}}
+    notes = {"eval_dtype": str(dtype).replace("torch.", ""), "gptq": gptq, "schemes": {s.name: s.__dict__ for s in schemes}}
     observers, t_cal = None, 0.0
-    if any(s.static for s in schemes):
+    if gptq or any(s.static for s in schemes):
         t0 = time.perf_counter()
         batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size)
-        observers = calibrate(model, targets, batches, progress=progress)
+        observers = calibrate(model, targets, batches, progress=progress, histogram=needs_histogram(schemes), hessian=gptq)
         t_cal = time.perf_counter() - t0
         notes.update(calib_samples=sum(b.input_ids.shape[0] for b in batches), calib_tokens=sum(b.num_tokens for b in batches),
                      calibrate_s=round(t_cal, 2))
@@ -138,8 +140,8 @@ def compare_schemes(
         for s in schemes:
             t0 = time.perf_counter()
             q = copy.deepcopy(model)
-            apply_quantization(q, select_linears(q, ignore), s, observers)
-            extra[s.name] = {"quantize_s": time.perf_counter() - t0 + (t_cal if s.static else 0.0)}
+            apply_quantization(q, select_linears(q, ignore), s, observers, gptq=gptq)
+            extra[s.name] = {"quantize_s": time.perf_counter() - t0 + (t_cal if observers else 0.0)}
             if save_reload:
                 from fp8_linear.checkpoint import load_quantized, save_quantized
 

@@ -20,7 +20,7 @@ import math
 import torch
 
 from fp8_linear.errors import CalibrationError
-from fp8_linear.formats import SCALE_DTYPE, resolve_format, scale_from_amax
+from fp8_linear.formats import GROUP_SIZE, SCALE_DTYPE, fmt_max, resolve_format, scale_from_amax
 from fp8_linear.quantize import compute_amax, expand_scale, quantize_unchecked, scale_shape
 
 OBSERVERS = ("minmax", "percentile", "mse")
@@ -28,9 +28,11 @@ OBSERVERS = ("minmax", "percentile", "mse")
 #: Default percentile of ``|x|`` for the ``percentile`` observer (activations and weights).
 DEFAULT_PERCENTILE = 99.99
 #: Smallest clipping ratio the MSE search tries (``r * amax`` with ``r`` in ``[MSE_MIN_RATIO, 1]``).
-MSE_MIN_RATIO = 0.5
+#: On SmolLM2-135M the per-channel optimum lies in [0.89, 1.0] for every layer; FP8's relative
+#: precision makes deeper clipping pay only for very heavy tails.
+MSE_MIN_RATIO = 0.85
 #: Number of ratios on the MSE search grid (evenly spaced, 1.0 included).
-MSE_GRID_POINTS = 51
+MSE_GRID_POINTS = 16
 #: Activation histogram: log2 range of ``|x|`` covered and resolution.
 HIST_MIN_EXP, HIST_MAX_EXP = -40, 24
 HIST_BINS_PER_OCTAVE = 256
@@ -56,14 +58,14 @@ def _check_observer(observer: str, name: str = "observer") -> None:
 def _cell_reduce(err: torch.Tensor, granularity: str) -> torch.Tensor:
     """Sum a per-element error ``[out, in]`` over each scale cell -> shaped like the scale."""
     if granularity == "tensor":
-        return err.sum().reshape(1)
+        return err.sum(dtype=torch.float64).reshape(1)
     if granularity == "channel":
-        return err.sum(dim=1, keepdim=True)
+        return err.sum(dim=1, keepdim=True, dtype=torch.float64)
     # block: pad to multiples of 128 with zeros (zeros add no error) and sum each 128x128 block
     rows, cols = scale_shape(err.shape, "block")
-    padded = torch.zeros(rows * 128, cols * 128, dtype=err.dtype, device=err.device)
+    padded = torch.zeros(rows * GROUP_SIZE, cols * GROUP_SIZE, dtype=err.dtype, device=err.device)
     padded[: err.shape[0], : err.shape[1]] = err
-    return padded.reshape(rows, 128, cols, 128).sum(dim=(1, 3))
+    return padded.reshape(rows, GROUP_SIZE, cols, GROUP_SIZE).sum(dim=(1, 3), dtype=torch.float64)
 
 
 def mse_weight_amax(
@@ -88,11 +90,12 @@ def mse_weight_amax(
     grid = mse_ratio_grid() if ratios is None else ratios.to(torch.float64)
     best_err = torch.full_like(amax, math.inf, dtype=torch.float64)
     best_amax = amax.clone()
+    m = fmt_max(dtype)
     for r in grid.tolist():
         cand = amax * r
-        s = scale_from_amax(cand, dtype)
-        deq = quantize_unchecked(w, dtype, s).to(SCALE_DTYPE) * expand_scale(s, w.shape)
-        err = _cell_reduce((deq - w).double().square(), granularity)
+        s = expand_scale(scale_from_amax(cand, dtype), w.shape)
+        deq = (w / s).clamp_(-m, m).to(dtype).to(SCALE_DTYPE).mul_(s)
+        err = _cell_reduce(deq.sub_(w).square_(), granularity)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best_amax = torch.where(better, cand, best_amax)
@@ -150,17 +153,17 @@ class ActivationObserver:
     """Streaming statistics of one layer's input, in bounded memory.
 
     ``update(x)`` takes ``x`` of shape ``[tokens, features]`` (padding already removed). It keeps the
-    exact running max of ``|x|`` and a histogram of ``|x|`` (:data:`HIST_BINS` int64 counts on a log2
+    exact running max of ``|x|`` and (``histogram=True``, needed by ``percentile`` and ``mse``) a histogram of ``|x|`` (:data:`HIST_BINS` int64 counts on a log2
     grid from ``2**HIST_MIN_EXP`` to ``2**HIST_MAX_EXP``; smaller magnitudes count in bin 0, exact
     zeros separately). ``amax(observer)`` turns them into a clipping value.
     """
 
-    def __init__(self, name: str = "layer"):
+    def __init__(self, name: str = "layer", histogram: bool = True):
         self.name = name
         self.max = 0.0
         self.count = 0
         self.zeros = 0
-        self.hist = torch.zeros(HIST_BINS, dtype=torch.int64)
+        self.hist = torch.zeros(HIST_BINS, dtype=torch.int64) if histogram else None
 
     def update(self, x: torch.Tensor) -> None:
         """Fold a batch of activations ``[..., features]`` into the statistics.
@@ -178,6 +181,8 @@ class ActivationObserver:
             )
         self.max = max(self.max, float(m))
         self.count += a.numel()
+        if self.hist is None:
+            return
         nz = a[a > 0]
         self.zeros += a.numel() - nz.numel()
         idx = ((torch.log2(nz) - HIST_MIN_EXP) * HIST_BINS_PER_OCTAVE).floor().clamp_(0, HIST_BINS - 1).long()
@@ -188,7 +193,10 @@ class ActivationObserver:
         self.max = max(self.max, other.max)
         self.count += other.count
         self.zeros += other.zeros
-        self.hist += other.hist
+        if self.hist is not None and other.hist is not None:
+            self.hist += other.hist
+        else:
+            self.hist = None
 
     def _bin_edges(self) -> torch.Tensor:
         e = torch.arange(HIST_BINS + 1, dtype=torch.float64) / HIST_BINS_PER_OCTAVE + HIST_MIN_EXP
@@ -235,6 +243,11 @@ class ActivationObserver:
     def amax(self, observer: str = "minmax", fmt: str | torch.dtype = "e4m3") -> float:
         """The clipping amax the ``observer`` picks (``minmax``: the exact max)."""
         _check_observer(observer, "activation_observer")
+        if observer != "minmax" and self.hist is None:
+            raise CalibrationError(
+                f"activation_observer: {observer!r} needs the histogram of layer {self.name!r}, "
+                "but it was calibrated with histogram=False"
+            )
         if observer == "percentile":
             return self.percentile()
         if observer == "mse":

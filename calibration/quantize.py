@@ -22,9 +22,11 @@ from torch import nn
 
 from fp8_linear.errors import CalibrationError
 from fp8_linear.module import FP8Linear
+from fp8_linear.quantize import expand_scale
 from fp8_linear.scheme import QuantScheme, resolve_scheme
 
 from .data import DEFAULT_BATCH_SIZE, DEFAULT_MAX_SAMPLES, DEFAULT_SEQ_LEN, Batch, materialize_batches
+from .gptq import HessianAccumulator, gptq_fp8
 from .observers import ActivationObserver, weight_scale
 
 DEFAULT_IGNORE = ("lm_head",)
@@ -102,6 +104,8 @@ def calibrate(
     *,
     progress: bool = True,
     observers: dict[str, ActivationObserver] | None = None,
+    histogram: bool = True,
+    hessian: bool = False,
 ) -> dict[str, ActivationObserver]:
     """Run ``batches`` through ``model`` and observe the input of every module in ``targets``.
 
@@ -111,6 +115,10 @@ def calibrate(
         batches: token batches (:class:`~fp8_linear.calibration.data.Batch`).
         progress: show a tqdm bar over batches.
         observers: existing observers to keep accumulating into.
+        histogram: keep the ``|x|`` histogram (needed by the ``percentile`` and ``mse`` activation
+            observers; costs about as much as the forward pass itself on a CPU).
+        hessian: also accumulate ``H = sum x x^T`` per distinct layer input (``observer.hessian``),
+            for GPTQ error compensation (:mod:`fp8_linear.calibration.gptq`).
 
     Returns:
         one :class:`ActivationObserver` per target name. Padding positions (``attention_mask == 0``)
@@ -119,16 +127,24 @@ def calibrate(
     """
     from tqdm.auto import tqdm
 
-    obs = observers if observers is not None else {n: ActivationObserver(n) for n in targets}
-    state: dict[str, torch.Tensor | None] = {"mask": None}
+    obs = observers if observers is not None else {n: ActivationObserver(n, histogram) for n in targets}
+    state: dict = {"mask": None, "last": (None, None)}
 
     def make_hook(name: str):
         def hook(_mod, args, kwargs):
-            x = args[0] if args else next(iter(kwargs.values()))
-            mask = state["mask"]
+            x0 = args[0] if args else next(iter(kwargs.values()))
+            x, mask = x0, state["mask"]
             if mask is not None and x.dim() >= 2 and x.shape[:-1].numel() == mask.numel():
                 x = x.reshape(-1, x.shape[-1])[mask]
-            obs[name].update(x)
+            o = obs[name]
+            o.update(x)
+            if hessian:
+                last_x, last_h = state["last"]
+                if getattr(o, "hessian", None) is None:  # consecutive layers fed the same tensor share one H
+                    o.hessian = last_h if last_x is x0 else HessianAccumulator(x.shape[-1])
+                if not (last_x is x0 and last_h is o.hessian):
+                    o.hessian.update(x)
+                state["last"] = (x0, o.hessian)
 
         return hook
 
@@ -144,9 +160,10 @@ def calibrate(
                 if b.num_tokens == 0:
                     continue
                 state["mask"] = b.attention_mask.reshape(-1).bool().to(device)
+                state["last"] = (None, None)
                 runner(input_ids=b.input_ids.to(device), attention_mask=b.attention_mask.to(device))
     finally:
-        state["mask"] = None
+        state["mask"], state["last"] = None, (None, None)
         for h in handles:
             h.remove()
         model.train(was_training)
@@ -168,23 +185,50 @@ def apply_quantization(
     targets: dict[str, nn.Linear],
     scheme: "str | QuantScheme",
     observers: dict[str, ActivationObserver] | None = None,
+    gptq: bool = False,
 ) -> nn.Module:
     """Replace each ``targets`` module of ``model`` (in place) by ``FP8Linear.from_linear``.
 
     Static schemes need ``observers`` (from :func:`calibrate`) for every target: ``input_amax`` is
     ``observers[name].amax(scheme.activation_observer)``. Weight scales come from
     :func:`~fp8_linear.calibration.observers.weight_scale` with ``scheme.weight_observer``.
+    ``gptq=True`` rounds the weights with GPTQ error compensation (needs observers calibrated with
+    ``hessian=True``); the scales are unchanged.
     """
     scheme = resolve_scheme(scheme)
+    scales = {n: weight_scale(lin.weight.detach(), scheme.weight_granularity, scheme.fmt, scheme.weight_observer)
+              for n, lin in targets.items()}
+    rounded = _gptq_weights(targets, scales, observers, scheme.fmt) if gptq else {}
     for name, lin in targets.items():
         amax = None
         if scheme.static:
             if observers is None or name not in observers:
                 raise CalibrationError(f"observers: static scheme {scheme.name!r} needs calibration statistics for layer {name!r}, got none")
             amax = observers[name].amax(scheme.activation_observer, scheme.fmt)
-        ws = weight_scale(lin.weight.detach(), scheme.weight_granularity, scheme.fmt, scheme.weight_observer)
-        _set_module(model, name, FP8Linear.from_linear(lin, scheme, input_amax=amax, weight_scale=ws))
+        if name in rounded:  # a stand-in Linear holding the GPTQ weights (already on the FP8 grid)
+            src = nn.Linear(lin.in_features, lin.out_features, bias=False, device="meta")
+            src.weight = nn.Parameter(rounded.pop(name), requires_grad=False)
+            src.bias = lin.bias
+            lin = src
+        _set_module(model, name, FP8Linear.from_linear(lin, scheme, input_amax=amax, weight_scale=scales[name]))
     return model
+
+
+def _gptq_weights(targets, scales, observers, fmt) -> dict[str, torch.Tensor]:
+    """GPTQ-rounded fp32 weights per target; layers sharing one input (one H) are stacked and solved once."""
+    groups: dict[int, list[str]] = {}
+    for name in targets:
+        hess = getattr(observers.get(name), "hessian", None) if observers else None
+        if hess is None or hess.tokens == 0:
+            raise CalibrationError(f"gptq: layer {name!r} has no input statistics (calibrate with hessian=True)")
+        groups.setdefault(id(hess), []).append(name)
+    out = {}
+    for names in groups.values():
+        ws = [targets[n].weight.detach().float() for n in names]
+        ss = [expand_scale(scales[n], w.shape) for n, w in zip(names, ws)]
+        res = gptq_fp8(torch.cat(ws), observers[names[0]].hessian.h, torch.cat(ss), fmt)
+        out.update(zip(names, res.split([w.shape[0] for w in ws])))
+    return out
 
 
 def quantize_model(
@@ -198,6 +242,7 @@ def quantize_model(
     seq_len: int = DEFAULT_SEQ_LEN,
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: bool = True,
+    gptq: bool | None = None,
 ) -> nn.Module:
     """Quantize a transformers model to FP8 in place and return it.
 
@@ -206,13 +251,17 @@ def quantize_model(
         calib_data: calibration data in any form of :mod:`fp8_linear.calibration.data` (strings with a
             tokenizer, token-id tensors ``[T]``/``[B, T]``, dicts with ``input_ids``/``attention_mask``,
             a DataLoader, a ``datasets.Dataset``); ``None`` = the embedded corpus' calibration split.
-            Not used by dynamic schemes (``fp8-dynamic``, ``fp8-block``).
+            Dynamic schemes (``fp8-dynamic``, ``fp8-block``) use it only for GPTQ.
         scheme: a preset name (``fp8-tensor``, ``fp8-channel``, ``fp8-dynamic``, ``fp8-block``) or a
             :class:`~fp8_linear.QuantScheme`.
         tokenizer: turns text into token ids (needed for text and for ``calib_data=None``).
         ignore: modules to keep in high precision: exact names, ``re:`` regexes, or class names.
         max_samples / seq_len / batch_size: calibration samples, tokens per sample, samples per forward.
         progress: show tqdm progress bars.
+        gptq: round weights with GPTQ error compensation (:mod:`~fp8_linear.calibration.gptq`), using
+            the calibration inputs; scales and checkpoint format are unchanged. ``None`` (default):
+            on whenever there is calibration data to use (always for static schemes; for dynamic
+            schemes when ``calib_data`` or a ``tokenizer`` is given).
 
     Returns:
         ``model``, with every selected ``nn.Linear`` replaced by an ``FP8Linear``.
@@ -223,9 +272,16 @@ def quantize_model(
     """
     scheme = resolve_scheme(scheme)
     targets = select_linears(model, ignore)
+    if gptq is None:
+        gptq = scheme.static or calib_data is not None or tokenizer is not None
     observers = None
-    if scheme.static:
+    if scheme.static or gptq:
         batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size)
-        observers = calibrate(model, targets, batches, progress=progress)
+        observers = calibrate(model, targets, batches, progress=progress, histogram=needs_histogram([scheme]), hessian=gptq)
     with torch.no_grad():
-        return apply_quantization(model, targets, scheme, observers)
+        return apply_quantization(model, targets, scheme, observers, gptq=gptq)
+
+
+def needs_histogram(schemes) -> bool:
+    """True if a static scheme among ``schemes`` uses a histogram-based activation observer."""
+    return any(s.static and s.activation_observer != "minmax" for s in schemes)

@@ -166,7 +166,7 @@ def cmd_quantize(args) -> int:
     t0 = time.perf_counter()
     fp8_linear.quantize_model(model, calib, _scheme(args), tokenizer=tok, ignore=tuple(args.ignore),
                               max_samples=args.samples, seq_len=args.seq_len, batch_size=args.batch_size,
-                              progress=not args.quiet)
+                              progress=not args.quiet, gptq=False if args.no_gptq else None)
     dt = time.perf_counter() - t0
     path = save_quantized(model, args.output, tokenizer=tok, overwrite=args.overwrite)
     n = sum(isinstance(m, fp8_linear.FP8Linear) for m in model.modules())
@@ -204,7 +204,7 @@ def cmd_compare(args) -> int:
     table = fp8_linear.compare_schemes(
         model, read_data(args.data), schemes, read_data(args.calib), tokenizer=tok, ignore=tuple(args.ignore),
         max_samples=args.samples, seq_len=args.seq_len, batch_size=args.batch_size, eval_windows=args.windows,
-        eval_seq_len=args.eval_seq_len, save_reload=not args.no_save_reload, checkpoint_dir=args.checkpoints,
+        eval_seq_len=args.eval_seq_len, gptq=not args.no_gptq, save_reload=not args.no_save_reload, checkpoint_dir=args.checkpoints,
         output_dir=args.output, progress=not args.quiet,
     )
     print(table)
@@ -240,6 +240,8 @@ def _calib_args(p: argparse.ArgumentParser) -> None:
                    help="override the preset's weight observer (presets use mse)")
     p.add_argument("--activation-observer", choices=OBSERVER_NAMES, default=None,
                    help="override the preset's activation observer")
+    p.add_argument("--no-gptq", action="store_true",
+                   help="round weights to nearest instead of GPTQ error compensation (faster, less accurate)")
 
 
 def build_parser() -> argparse.ArgumentParser:
