@@ -216,6 +216,17 @@ def _assign(model: nn.Module, name: str, value: torch.Tensor) -> None:
         mod._buffers[attr] = value
 
 
+def _read(f, key: str, info: TensorInfo, dtype: torch.dtype | None) -> torch.Tensor:
+    """Tensor ``key`` of the open safetensors file ``f``, a float one converted to ``dtype`` (``None``: as stored).
+
+    One tensor at a time: the transient copy is one tensor, never the model (converting in row
+    chunks through ``get_slice`` measured more peak RSS on SmolLM2, 238 vs 205 MB)."""
+    t = f.get_tensor(key)
+    if dtype is not None and info.dtype in FLOAT_ST_DTYPES and t.dtype != dtype:
+        t = t.to(dtype)
+    return t
+
+
 def _materialize(model, swapped, stored, reads, zero_checks, dtype, device) -> None:
     from safetensors import safe_open
 
@@ -228,16 +239,15 @@ def _materialize(model, swapped, stored, reads, zero_checks, dtype, device) -> N
         try:
             with safe_open(path, framework="pt", device=str(device)) as f:
                 for mkey, skey, shape in items:
-                    t = f.get_tensor(skey)
+                    owner, pname = _split(mkey) if mkey is not None else ("", "")
+                    to_dtype = dtype if not (owner in swapped and pname in ("weight", "weight_scale", "input_scale")) else None
+                    t = _read(f, skey, stored[skey], to_dtype)
                     if mkey is None:
                         if t.float().abs().max().item() != 0:
                             raise CheckpointError(f"{skey}: expected all-zero (symmetric) zero points, got non-zero values")
                         continue
-                    owner, pname = _split(mkey)
                     if owner in swapped and pname in ("weight_scale", "input_scale"):
                         t = t.to(SCALE_DTYPE).reshape(shape)
-                    elif t.dtype.is_floating_point and t.dtype not in FORMATS.values() and dtype is not None:
-                        t = t.to(dtype)
                     _assign(model, mkey, t)
         except CheckpointError:
             raise

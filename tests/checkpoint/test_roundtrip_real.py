@@ -82,3 +82,17 @@ def test_load_restores_schemes_and_ties(smollm2_ckpts):
     m = got["model.layers.0.mlp.down_proj"]
     assert m.weight.dtype == torch.float8_e4m3fn and m.weight_scale.dtype == torch.float32
     assert not any(p.device.type == "meta" for p in loaded.parameters())
+
+
+#: Peak RSS added by loading, as a multiple of the checkpoint's safetensors bytes (measured 0.98 for
+#: SmolLM2 fp8-dynamic in bf16: 205 MB for a 210 MB checkpoint; a bf16 copy of the model would be 258 MB more).
+LOAD_RSS_FACTOR = 1.15
+
+
+def test_smollm2_load_peak_memory_about_checkpoint_size(smollm2_ckpts):
+    from ckpt_helpers import run_fresh_loads
+
+    (rep,) = run_fresh_loads([{"ckpt": smollm2_ckpts["fp8-dynamic"].path, "dtype": "bfloat16"}])
+    added = rep["rss_after_mb"] - rep["rss_before_mb"]
+    print(f"SmolLM2 load: peak RSS +{added:.0f} MB for a {rep['ckpt_mb']:.0f} MB checkpoint ({rep['load_s']:.2f} s)")
+    assert added <= LOAD_RSS_FACTOR * rep["ckpt_mb"]
