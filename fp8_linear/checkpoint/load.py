@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 
 import torch
 from torch import nn
@@ -105,6 +106,15 @@ def _state_entries(model: nn.Module) -> tuple[dict[str, torch.Tensor], list[list
     return entries, list(by_id.values())
 
 
+def _skippable(model: nn.Module):
+    """Predicate of stored names transformers itself ignores at load: non-persistent buffers that older
+    versions saved (``embeddings.position_ids``, ``rotary_emb.inv_freq``) and the model class's
+    ``_keys_to_ignore_on_load_unexpected`` patterns."""
+    names = {f"{m}.{b}" if m else b for m, mod in model.named_modules() for b in mod._non_persistent_buffers_set}
+    patterns = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])]
+    return lambda key: key in names or any(p.search(key) for p in patterns)
+
+
 def _key_mapper(stored: set[str], expected: set[str], prefix: str):
     """Map stored names onto the model's: identity, or adding / stripping ``base_model_prefix``."""
     cands = [lambda k: k]
@@ -166,6 +176,7 @@ def _plan_reads(model, plan, swapped, stored: dict[str, TensorInfo]):
     ``zero_checks``: stored zero-point keys that must hold zeros.
     """
     entries, alias_groups = _state_entries(model)
+    skippable = _skippable(model)
     prefix = getattr(model, "base_model_prefix", "") or ""
     mapper = _key_mapper(set(stored), set(entries) | {k for k in stored if _split(k)[0] in swapped}, prefix)
     ignored_linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
@@ -186,6 +197,8 @@ def _plan_reads(model, plan, swapped, stored: dict[str, TensorInfo]):
                     f"{mod.scheme.name}: weight, weight_scale{', input_scale' if mod.scheme.static else ''}"
                     f"{', bias' if mod.bias is not None else ''})")
             reads[mkey] = (skey, _fp8_expectation(skey, info, mod, pname))
+            continue
+        if mkey not in entries and skippable(mkey):
             continue
         if mkey not in entries:
             why = (f"the quantization config leaves Linear {owner} unquantized" if owner in ignored_linears

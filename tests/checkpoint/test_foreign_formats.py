@@ -87,3 +87,18 @@ def test_fixture_script_entry_point(tmp_path):
     subprocess.run([sys.executable, FIXTURE_SCRIPT, "--out", str(tmp_path), "fbgemm"], check=True, timeout=300,
                    capture_output=True)
     assert load_quantized(tmp_path / "fbgemm", dtype=torch.float32) is not None
+
+
+def test_legacy_non_persistent_buffers_are_ignored(tmp_path):
+    """Older writers stored non-persistent buffers (``rotary_emb.inv_freq``); transformers ignores them, so do we."""
+    from safetensors.torch import load_file, save_file
+
+    from fp8_linear import load_quantized
+
+    write_fixture("autofp8", str(tmp_path / "old"))
+    path = tmp_path / "old" / "model.safetensors"
+    tensors = load_file(path)
+    tensors["model.rotary_emb.inv_freq"] = torch.ones(24)
+    save_file(tensors, path)
+    model = load_quantized(tmp_path / "old", dtype=torch.float32)
+    assert not torch.equal(model.model.rotary_emb.inv_freq, torch.ones(24))  # the model's own, not the stored one
