@@ -63,9 +63,9 @@ def build_eval_batches(model: nn.Module, eval_data, tokenizer, *, seq_len: int =
         if causal:
             return eval_batches(tokenizer, text, seq_len=seq_len, max_windows=max_windows, batch_size=batch_size)
         sents = _encoder_sentences(text) if eval_data is None or isinstance(eval_data, str) else list(eval_data)
-        return materialize_batches(sents, tokenizer, seq_len=ENCODER_EVAL_SEQ_LEN,
+        return materialize_batches(sents, tokenizer, name="eval_data", seq_len=ENCODER_EVAL_SEQ_LEN,
                                    max_samples=ENCODER_EVAL_SAMPLES, batch_size=16)
-    return materialize_batches(eval_data, tokenizer, seq_len=seq_len, max_samples=max_windows * batch_size,
+    return materialize_batches(eval_data, tokenizer, name="eval_data", seq_len=seq_len, max_samples=max_windows * batch_size,
                                batch_size=batch_size)
 
 
@@ -115,6 +115,11 @@ def compare_schemes(
     Returns:
         a :class:`~fp8_linear.calibration.report.ComparisonTable`: baseline row first, one row per scheme.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    for arg, value in (("eval_windows", eval_windows), ("eval_seq_len", eval_seq_len)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{arg}: expected a positive int, got {value!r}")
     schemes = [resolve_scheme(s) for s in schemes]
     if not schemes:
         raise ValueError("schemes: expected at least one scheme or preset name, got none")

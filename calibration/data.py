@@ -182,12 +182,13 @@ def iter_batches(data, tokenizer=None, *, seq_len: int = DEFAULT_SEQ_LEN, max_sa
         yield Batch(ids, mask)
 
 
-def materialize_batches(data, tokenizer=None, **kw) -> list[Batch]:
-    """:func:`iter_batches` as a list; :class:`CalibrationError` if there is no real token at all."""
+def materialize_batches(data, tokenizer=None, *, name: str = "calib_data", **kw) -> list[Batch]:
+    """:func:`iter_batches` as a list; :class:`CalibrationError` (naming the argument ``name``) if there
+    is no real token at all."""
     batches = list(iter_batches(data, tokenizer, **kw))
     if not batches or sum(b.num_tokens for b in batches) == 0:
         raise CalibrationError(
-            f"calib_data: expected at least one non-padding token, got {len(batches)} batch(es) "
+            f"{name}: expected at least one non-padding token, got {len(batches)} batch(es) "
             f"with {sum(b.num_tokens for b in batches)} real tokens"
         )
     return batches

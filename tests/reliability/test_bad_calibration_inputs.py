@@ -1,4 +1,4 @@
-"""Bad-input catalogue for ``fp8_linear.quantize_model`` (calibration), on a tiny real Llama.
+"""Bad-input catalogue for ``fp8_linear.quantize_model`` and ``compare_schemes``, on a tiny real Llama.
 
 The calibration engineer's tests (tests/calibration) check the behaviour; these check the
 message contract: error type, and the argument, expected and actual value named."""
@@ -11,7 +11,7 @@ from catalogue import Bad, check_bad, params
 from tiny_models import VOCAB, tiny_llama, token_batch
 from torch import nn
 
-from fp8_linear import CalibrationError, quantize_model
+from fp8_linear import CalibrationError, compare_schemes, quantize_model
 
 IDS = token_batch()
 Q_PROJ = "model.layers.0.self_attn.q_proj"
@@ -28,6 +28,24 @@ def _poisoned(module_path: str, value: float):
         m.get_submodule(module_path).weight.view(-1)[0] = value
     return m
 
+
+def _compare(eval_data, schemes=("fp8-dynamic",), model=None, **kw):
+    return lambda: compare_schemes(model if model is not None else tiny_llama(), eval_data, schemes, calib_data=[IDS],
+                                   save_reload=False, progress=False, **kw)
+
+
+COMPARE = [
+    Bad("compare-empty-eval", _compare([]), CalibrationError, "eval_data", "at least one non-padding token", "0 real tokens"),
+    Bad("compare-all-padding-eval", _compare([{"input_ids": IDS, "attention_mask": torch.zeros_like(IDS)}]),
+        CalibrationError, "eval_data", "at least one non-padding token", "0 real tokens"),
+    Bad("compare-float-ids", _compare([IDS.float()]), TypeError, "input_ids", "integer", "torch.float32"),
+    Bad("compare-no-schemes", _compare([IDS], schemes=()), ValueError, "schemes", "at least one scheme", "none"),
+    Bad("compare-duplicate-schemes", _compare([IDS], schemes=("fp8-dynamic", "fp8-dynamic")), ValueError, "schemes",
+        "distinct", "['fp8-dynamic', 'fp8-dynamic']"),
+    Bad("compare-unknown-scheme", _compare([IDS], schemes=("fp8-row",)), ValueError, "scheme", "'fp8-block'", "'fp8-row'"),
+    Bad("compare-model-not-module", _compare([IDS], model="HuggingFaceTB/SmolLM2-135M"), TypeError, "model", "torch.nn.Module", "str"),
+    Bad("compare-eval-windows-zero", _compare([IDS], eval_windows=0), ValueError, "eval_windows", "positive", "0"),
+]
 
 CASES = [
     Bad("calib-empty-list", _quantize([]), CalibrationError, "calib_data", "at least one non-padding token", "0 real tokens"),
@@ -58,6 +76,11 @@ CASES = [
 
 @params(CASES)
 def test_bad_calibration_input(case):
+    check_bad(case)
+
+
+@params(COMPARE)
+def test_bad_compare_input(case):
     check_bad(case)
 
 
