@@ -149,8 +149,8 @@ def iter_samples(data, tokenizer=None, *, seq_len: int = DEFAULT_SEQ_LEN, max_sa
                  ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield at most ``max_samples`` rows ``(input_ids [T], attention_mask [T])`` (int64, ``T <= seq_len``)
     from ``data`` in any accepted form (see the module docstring). Empty rows are skipped."""
-    if seq_len < 1 or max_samples < 1:
-        raise ValueError(f"seq_len/max_samples: expected positive values, got {seq_len}/{max_samples}")
+    if not isinstance(seq_len, int) or not isinstance(max_samples, int) or seq_len < 1 or max_samples < 1:
+        raise ValueError(f"seq_len/max_samples: expected positive ints, got {seq_len!r}/{max_samples!r}")
     rows = (r for item in _items(data, tokenizer, seq_len, max_samples) for r in _rows(item, tokenizer, seq_len))
     rows = ((ids[:seq_len], mask[:seq_len]) for ids, mask in rows if ids.numel())
     yield from itertools.islice(rows, max_samples)
@@ -168,8 +168,8 @@ def pad_id_of(tokenizer) -> int:
 def iter_batches(data, tokenizer=None, *, seq_len: int = DEFAULT_SEQ_LEN, max_samples: int = DEFAULT_MAX_SAMPLES,
                  batch_size: int = DEFAULT_BATCH_SIZE) -> Iterator[Batch]:
     """Group :func:`iter_samples` rows into right-padded :class:`Batch` es of ``batch_size`` rows."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size: expected a positive value, got {batch_size}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
     pad = pad_id_of(tokenizer)
     it = iter_samples(data, tokenizer, seq_len=seq_len, max_samples=max_samples)
     while chunk := list(itertools.islice(it, batch_size)):

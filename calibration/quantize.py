@@ -60,7 +60,13 @@ def select_linears(model: nn.Module, ignore: Iterable[str] = DEFAULT_IGNORE) -> 
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     if isinstance(ignore, str):
         ignore = (ignore,)
-    ignore = tuple(ignore or ())
+    try:
+        patterns = tuple(ignore or ())
+    except TypeError:
+        patterns = (ignore,)
+    if not all(isinstance(p, str) for p in patterns):
+        raise TypeError(f"ignore: expected module names or 're:' patterns (strings), got {ignore!r}")
+    ignore = patterns
     used = {p: False for p in ignore}
     tied = _tied_weight_ids(model)
     chosen: dict[str, nn.Linear] = {}

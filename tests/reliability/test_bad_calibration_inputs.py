@@ -70,6 +70,9 @@ CASES = [
     Bad("calib-max-samples-zero", _quantize([IDS], max_samples=0), ValueError, "max_samples", "positive", "/0"),
     Bad("calib-seq-len-negative", _quantize([IDS], seq_len=-5), ValueError, "seq_len", "positive", "-5/"),
     Bad("calib-batch-size-zero", _quantize([IDS], batch_size=0), ValueError, "batch_size", "positive", "0"),
+    Bad("calib-batch-size-float", _quantize([IDS], batch_size=2.5), ValueError, "batch_size", "positive int", "2.5"),
+    Bad("calib-ignore-int", _quantize([IDS], ignore=5), TypeError, "ignore", "strings", "5"),
+    Bad("calib-ignore-module", _quantize([IDS], ignore=[nn.Linear]), TypeError, "ignore", "strings", "Linear"),
     Bad("calib-everything-ignored", _quantize([IDS], ignore=("re:.*",)), ValueError, "model", "at least one nn.Linear", "ignored"),
 ]
 
