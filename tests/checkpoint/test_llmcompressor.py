@@ -17,8 +17,14 @@ from ckpt_helpers import FIXTURES, outputs_of
 TWINS = {"FP8": "fp8-tensor", "FP8_DYNAMIC": "fp8-dynamic", "FP8_BLOCK": "fp8-block"}
 FULL_SIZE_SCHEMES = ("FP8", "FP8_DYNAMIC")
 CALIB_SAMPLES, CALIB_LEN = 8, 128
-needs_llmcompressor = pytest.mark.skipif(importlib.util.find_spec("llmcompressor") is None,
-                                         reason="llm-compressor is not installed (the tiny fixtures cover CI)")
+def _installed(name: str) -> bool:
+    """A real installed package (a namespace folder such as tests/fixtures/llmcompressor does not count)."""
+    spec = importlib.util.find_spec(name)
+    return spec is not None and spec.origin is not None
+
+
+needs_llmcompressor = pytest.mark.skipif(not (_installed("llmcompressor") and _installed("datasets")),
+                                         reason="llm-compressor (with datasets) is not installed (the tiny fixtures cover CI)")
 
 
 @pytest.mark.parametrize("scheme", sorted(TWINS))
