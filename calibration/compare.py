@@ -140,12 +140,12 @@ def compare_schemes(
     eb = build_eval_batches(model, eval_data, tokenizer, seq_len=eval_seq_len, max_windows=eval_windows)
     own_tmp = checkpoint_dir is None and save_reload
     ckpt_root = tempfile.mkdtemp(prefix="fp8-compare-") if own_tmp else (str(checkpoint_dir) if checkpoint_dir else None)
-    quantized, extra = {}, {}
+    quantized, extra, weight_cache = {}, {}, {}
     try:
         for s in schemes:
             t0 = time.perf_counter()
             q = copy.deepcopy(model)
-            apply_quantization(q, select_linears(q, ignore), s, observers, gptq=gptq)
+            apply_quantization(q, select_linears(q, ignore), s, observers, gptq=gptq, cache=weight_cache)
             extra[s.name] = {"quantize_s": time.perf_counter() - t0 + (t_cal if observers else 0.0)}
             if save_reload:
                 from fp8_linear.checkpoint import load_quantized, save_quantized

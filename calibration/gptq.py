@@ -11,19 +11,20 @@ Memory: one ``[in, in]`` fp64 matrix per distinct layer input (q/k/v share one, 
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from fp8_linear.formats import SCALE_DTYPE, fmt_max, resolve_format
 from fp8_linear.quantize import expand_scale
 
+from .observers import single_thread
+
 #: Relative dampening added to H's diagonal (as in GPTQ), for a well-conditioned inverse.
 DAMP = 0.01
 #: Columns processed per lazy-update block.
 BLOCK = 32
-#: Tokens folded into each H (more adds cost, not accuracy, for these widths).
-MAX_TOKENS = 8192
+#: Tokens folded into each H: accumulating H costs 2 * in^2 flops per token and layer input, as much
+#: as the forward pass itself for SmolLM2; 4096 tokens keep H full-rank for widths up to 4096.
+MAX_TOKENS = 4096
 
 
 class HessianAccumulator:
@@ -42,17 +43,6 @@ class HessianAccumulator:
         x = x.reshape(-1, x.shape[-1])[:room].to(torch.float32)
         self.h += (x.t() @ x).double()
         self.tokens += x.shape[0]
-
-
-@contextlib.contextmanager
-def _single_thread():
-    """GPTQ's column loop is thousands of tiny ops: one intra-op thread is many times faster."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 def gptq_fp8(w: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, fmt: str | torch.dtype = "e4m3",
@@ -85,7 +75,7 @@ def gptq_fp8(w: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, fmt: str | t
     h += torch.eye(n_in, dtype=h.dtype) * (damp * torch.diag(h).mean())
     hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True).to(SCALE_DTYPE)
     out = torch.empty_like(w)
-    with _single_thread():
+    with single_thread():
         for i0 in range(0, n_in, block):
             i1 = min(i0 + block, n_in)
             wb = w[:, i0:i1].t().contiguous()  # [cols, rows]: each column is a contiguous row here

@@ -15,6 +15,7 @@ the activations themselves.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -30,15 +31,30 @@ DEFAULT_PERCENTILE = 99.99
 #: Smallest clipping ratio the MSE search tries (``r * amax`` with ``r`` in ``[MSE_MIN_RATIO, 1]``).
 #: On SmolLM2-135M the per-channel optimum lies in [0.89, 1.0] for every layer; FP8's relative
 #: precision makes deeper clipping pay only for very heavy tails.
-MSE_MIN_RATIO = 0.85
+MSE_MIN_RATIO = 0.86
 #: Number of ratios on the MSE search grid (evenly spaced, 1.0 included).
-MSE_GRID_POINTS = 16
+MSE_GRID_POINTS = 8
+#: The MSE search of per-channel / per-tensor weights looks at every k-th column so that at most this
+#: many columns are scored (the error estimate stays unbiased; the search is ~in/256 times cheaper).
+MSE_MAX_COLUMNS = 256
 #: Activation histogram: log2 range of ``|x|`` covered and resolution.
 HIST_MIN_EXP, HIST_MAX_EXP = -40, 24
 HIST_BINS_PER_OCTAVE = 256
 HIST_BINS = (HIST_MAX_EXP - HIST_MIN_EXP) * HIST_BINS_PER_OCTAVE
 
 _WEIGHT_GRANULARITIES = ("tensor", "channel", "block")
+
+
+@contextlib.contextmanager
+def single_thread():
+    """Run a block with one intra-op torch thread (the searches here are many mid-sized ops, which on
+    a shared 2-core CPU run several times faster without thread hand-offs); restores the count."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def mse_ratio_grid(points: int = MSE_GRID_POINTS, min_ratio: float = MSE_MIN_RATIO) -> torch.Tensor:
@@ -79,7 +95,8 @@ def mse_weight_amax(
             (``[ceil(out/128), ceil(in/128)]``).
         fmt: FP8 format.
         ratios: candidate ratios of the cell's amax (default :func:`mse_ratio_grid`); ties go to
-            the first (largest) ratio.
+            the first (largest) ratio. Tensor and channel cells wider than :data:`MSE_MAX_COLUMNS`
+            are scored on a strided subset of their columns (the amax itself is exact).
 
     Returns:
         fp32 amax of the scale's shape (``ratio * amax`` of the best ratio per cell).
@@ -87,6 +104,14 @@ def mse_weight_amax(
     dtype = resolve_format(fmt)
     w = w.detach().to(SCALE_DTYPE)
     amax = compute_amax(w, granularity)
+    if granularity in ("tensor", "channel") and w.shape[1] > MSE_MAX_COLUMNS:
+        w = w[:, :: -(-w.shape[1] // MSE_MAX_COLUMNS)]  # score a strided subset of columns
+    with single_thread():
+        return _mse_search(w, amax, granularity, dtype, ratios)
+
+
+def _mse_search(w, amax, granularity, dtype, ratios) -> torch.Tensor:
+    """Grid search of :func:`mse_weight_amax` on ``w`` for the candidate ``ratio * amax``."""
     grid = mse_ratio_grid() if ratios is None else ratios.to(torch.float64)
     best_err = torch.full_like(amax, math.inf, dtype=torch.float64)
     best_amax = amax.clone()

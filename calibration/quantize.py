@@ -192,6 +192,7 @@ def apply_quantization(
     scheme: "str | QuantScheme",
     observers: dict[str, ActivationObserver] | None = None,
     gptq: bool = False,
+    cache: dict | None = None,
 ) -> nn.Module:
     """Replace each ``targets`` module of ``model`` (in place) by ``FP8Linear.from_linear``.
 
@@ -199,12 +200,20 @@ def apply_quantization(
     ``observers[name].amax(scheme.activation_observer)``. Weight scales come from
     :func:`~fp8_linear.calibration.observers.weight_scale` with ``scheme.weight_observer``.
     ``gptq=True`` rounds the weights with GPTQ error compensation (needs observers calibrated with
-    ``hessian=True``); the scales are unchanged.
+    ``hessian=True``); the scales are unchanged. ``cache`` (a dict the caller keeps) reuses weight
+    scales and GPTQ weights across calls on copies of the same model with the same weight recipe.
     """
     scheme = resolve_scheme(scheme)
-    scales = {n: weight_scale(lin.weight.detach(), scheme.weight_granularity, scheme.fmt, scheme.weight_observer)
-              for n, lin in targets.items()}
-    rounded = _gptq_weights(targets, scales, observers, scheme.fmt) if gptq else {}
+    key = (scheme.weight_granularity, scheme.weight_observer, scheme.fmt, gptq)
+    if cache is not None and key in cache:  # e.g. fp8-channel and fp8-dynamic share their weights
+        scales, rounded = cache[key]
+        rounded = dict(rounded)
+    else:
+        scales = {n: weight_scale(lin.weight.detach(), scheme.weight_granularity, scheme.fmt, scheme.weight_observer)
+                  for n, lin in targets.items()}
+        rounded = _gptq_weights(targets, scales, observers, scheme.fmt) if gptq else {}
+        if cache is not None:
+            cache[key] = (scales, dict(rounded))
     for name, lin in targets.items():
         amax = None
         if scheme.static:
