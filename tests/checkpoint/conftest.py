@@ -59,7 +59,7 @@ def _quantize_and_save(model, tok, preset, batch, root) -> Saved:
     from fp8_linear import quantize_model, save_quantized
 
     q = quantize_model(copy.deepcopy(model), _calib_texts(), fast_scheme(preset), tokenizer=tok,
-                       max_samples=CALIB_SAMPLES, seq_len=CALIB_LEN, progress=False)
+                       max_samples=CALIB_SAMPLES, seq_len=CALIB_LEN, progress=False, gptq=False)
     path = save_quantized(q, os.path.join(root, preset), tokenizer=tok)
     inputs = os.path.join(root, f"{preset}.inputs.safetensors")
     save_file({k: v.contiguous() for k, v in batch.items()}, inputs)

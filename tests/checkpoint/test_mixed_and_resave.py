@@ -20,8 +20,9 @@ def _mixed_model():
 
     model = tiny_llama(seed=30)
     calib = list(random_ids((4, 32), TINY_LLAMA["vocab_size"], seed=32))
-    quantize_model(model, calib, fast_scheme("fp8-dynamic"), ignore=["lm_head", "re:.*mlp.*"], progress=False)
-    return quantize_model(model, calib, fast_scheme("fp8-tensor"), progress=False)
+    quantize_model(model, calib, fast_scheme("fp8-dynamic"), ignore=["lm_head", "re:.*mlp.*"], progress=False,
+                   gptq=False)
+    return quantize_model(model, calib, fast_scheme("fp8-tensor"), progress=False, gptq=False)
 
 
 def test_mixed_schemes_round_trip(tmp_path):
@@ -58,7 +59,7 @@ def test_e5m2_round_trip(tmp_path):
     from fp8_linear import FP8Linear, PRESETS, load_quantized, quantize_model, save_quantized
 
     model = quantize_model(tiny_llama(seed=33, num_hidden_layers=1), None,
-                           PRESETS["fp8-dynamic"].with_(fmt="e5m2", weight_observer="minmax"), progress=False)
+                           PRESETS["fp8-dynamic"].with_(fmt="e5m2", weight_observer="minmax"), progress=False, gptq=False)
     path = save_quantized(model, tmp_path / "ckpt")
     with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
         assert f.get_slice("model.layers.0.mlp.up_proj.weight").get_dtype() == "F8_E5M2"
