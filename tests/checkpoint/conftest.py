@@ -17,9 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ckpt_helpers import fast_scheme, outputs_of, run_fresh_loads
+from ckpt_helpers import PRESET_NAMES, fast_scheme, outputs_of, run_fresh_loads
 
-PRESET_NAMES = ("fp8-tensor", "fp8-channel", "fp8-dynamic", "fp8-block")
 PROMPT_TOKENS = 256
 ROUNDTRIP_TOKENS = 32
 CALIB_SAMPLES, CALIB_LEN = 4, 64

@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from conftest import PRESET_NAMES
+from ckpt_helpers import PRESET_NAMES
+
 
 #: Weight-scale shape per weight granularity for a ``[out, in]`` weight (DESIGN section 2).
 SCALE_SHAPE = {

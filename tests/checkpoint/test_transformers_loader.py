@@ -9,8 +9,7 @@ import os
 import pytest
 import torch
 
-from ckpt_helpers import TINY_LLAMA, outputs_of, quantize_tiny, random_ids, tiny_llama
-from conftest import PRESET_NAMES
+from ckpt_helpers import PRESET_NAMES, TINY_LLAMA, outputs_of, quantize_tiny, random_ids, tiny_llama
 
 pytest.importorskip("compressed_tensors")
 
