@@ -30,6 +30,9 @@ from .gptq import HessianAccumulator, gptq_fp8
 from .observers import ActivationObserver, weight_scale
 
 DEFAULT_IGNORE = ("lm_head",)
+#: GPTQ needs H = sum x x^T from at least this many calibration tokens per input feature; layers with
+#: fewer (e.g. a 1536-wide input seen by 500 tokens) are rounded to nearest instead.
+GPTQ_MIN_TOKENS_PER_FEATURE = 2
 REGEX_PREFIX = "re:"
 
 
@@ -239,6 +242,9 @@ def _gptq_weights(targets, scales, observers, fmt) -> dict[str, torch.Tensor]:
         groups.setdefault(id(hess), []).append(name)
     out = {}
     for names in groups.values():
+        hess = observers[names[0]].hessian
+        if hess.tokens < GPTQ_MIN_TOKENS_PER_FEATURE * hess.h.shape[0]:
+            continue  # too few tokens for a reliable H: GPTQ would overfit them; round to nearest
         ws = [targets[n].weight.detach().float() for n in names]
         ss = [expand_scale(scales[n], w.shape) for n, w in zip(names, ws)]
         res = gptq_fp8(torch.cat(ws), observers[names[0]].hessian.h, torch.cat(ss), fmt)
