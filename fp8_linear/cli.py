@@ -252,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "start here:\n"
             "  fp8-linear compare            quantize the bundled SmolLM2-135M with every preset, save, reload,\n"
-            "                                and compare perplexity against the unquantized model (< 5 min on CPU)\n"
+            "                                and compare perplexity against the unquantized model (minutes on a CPU)\n"
             "presets:\n"
             "  fp8-tensor   per-tensor weights, static per-tensor activations   (compressed-tensors FP8)\n"
             "  fp8-channel  per-channel weights, static per-tensor activations  (the default)\n"
