@@ -32,7 +32,7 @@ class QuantScheme:
     activation_dynamic: bool
     activation_granularity: str
     fmt: str = "e4m3"
-    weight_observer: str = "mse"
+    weight_observer: str = "minmax"
     activation_observer: str = "minmax"
 
     def __post_init__(self):
