@@ -237,7 +237,7 @@ def _calib_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore", nargs="*", default=["lm_head"], metavar="PATTERN",
                    help="modules kept in high precision: exact names or 're:<regex>' (default: lm_head)")
     p.add_argument("--weight-observer", choices=OBSERVER_NAMES, default=None,
-                   help="override the preset's weight observer (presets use mse)")
+                   help="override the preset's weight observer (presets use minmax; mse clips outlier weights)")
     p.add_argument("--activation-observer", choices=OBSERVER_NAMES, default=None,
                    help="override the preset's activation observer")
     p.add_argument("--no-gptq", action="store_true",
