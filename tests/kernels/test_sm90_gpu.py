@@ -207,11 +207,16 @@ def test_design_shapes(m, n, k):
 
 
 # --------------------------------------------------------------- determinism, streams, graphs, compile
+#: Launches compared bitwise (issue 5: 100 of 100 must agree).
+REPEATS = 100
+
+
 @pytest.mark.parametrize("m, n, k", [(4096, 4104, 1040), (7, 4104, 16400)])
 def test_bitwise_repeatable(m, n, k):
     a, b, sa, sb, bias = make_inputs(m, n, k, E4, E5, "row", "row", torch.bfloat16)
-    outs = [run_poisoned(a, b, sa, sb, bias, torch.bfloat16) for _ in range(3)]
-    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    first = run_poisoned(a, b, sa, sb, bias, torch.bfloat16)
+    same = sum(torch.equal(first, run_poisoned(a, b, sa, sb, bias, torch.bfloat16)) for _ in range(REPEATS - 1))
+    assert same == REPEATS - 1, f"{same + 1} of {REPEATS} launches bitwise equal"
 
 
 def test_non_default_stream():
