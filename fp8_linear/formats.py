@@ -67,5 +67,9 @@ def min_normal_exponent(dtype: torch.dtype) -> int:
 
 def scale_from_amax(amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``scale = amax / fmt_max`` in fp32, floored at :data:`MIN_SCALE` (all-zero -> small positive)."""
-    s = amax.to(SCALE_DTYPE) / fmt_max(dtype)
+    a = amax.to(SCALE_DTYPE)
+    # Divide by a tensor, not a Python scalar: torch's CUDA kernels turn division by a scalar into a
+    # multiplication by its reciprocal (off by one ulp from IEEE division); the CPU, the fused
+    # kernel and the contract all use IEEE division, so scales agree bitwise across devices.
+    s = a / torch.full_like(a, fmt_max(dtype))
     return torch.clamp(s, min=MIN_SCALE)
