@@ -195,13 +195,13 @@ def quantize_fp8(
     return quantize_unchecked(x, dtype, scale, rounding, generator), scale
 
 
-def _fused_ok(x: torch.Tensor) -> bool:
-    """True when the fused CUDA quantization kernel can take ``x`` (see ``kernels/quant_triton.py``)."""
+def _fused(x: torch.Tensor):
+    """The fused CUDA quantization module when it can take ``x`` (``kernels/quant_triton.py``), else None."""
     if x.device.type != "cuda":
-        return False
+        return None
     from fp8_linear.kernels import quant_triton
 
-    return quant_triton.available(x)[0]
+    return quant_triton if quant_triton.available(x)[0] else None
 
 
 def quantize_unchecked(
@@ -216,10 +216,9 @@ def quantize_unchecked(
     ``scale`` must already be a valid fp32 scale for ``x`` (any shape :func:`expand_scale` reads).
     """
     m = fmt_max(dtype)
-    if rounding == "nearest" and scale.numel() == 1 and _fused_ok(x):
-        from fp8_linear.kernels import quant_triton
-
-        return quant_triton.quantize_rows(x, dtype, quant_triton.MODE_STATIC, m, MIN_SCALE, scale.reshape(1))[0]
+    fused = _fused(x) if rounding == "nearest" and scale.numel() == 1 else None
+    if fused is not None:
+        return fused.quantize_rows(x, dtype, fused.MODE_STATIC, m, MIN_SCALE, scale.reshape(1))[0]
     y = torch.clamp(x.to(SCALE_DTYPE) / expand_scale(scale, x.shape), -m, m)
     if rounding == "stochastic":
         y = _stochastic_round(y, dtype, generator)
@@ -229,14 +228,14 @@ def quantize_unchecked(
 def dynamic_quantize(x: torch.Tensor, dtype: torch.dtype, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x`` with scales computed from its own amax (dynamic activations), no validation.
 
-    On CUDA, 2-D ``x`` with ``token`` / ``group`` granularity runs one fused Triton launch
-    (``fp8_linear.kernels.quant_triton``, bitwise the same numerics); elsewhere torch ops.
+    With ``FP8_LINEAR_FUSED_QUANT=1``, 2-D CUDA ``x`` with ``token`` / ``group`` granularity runs one
+    fused Triton launch (``fp8_linear.kernels.quant_triton``, same formula; its bitwise agreement
+    with this path is not yet verified on a GPU); elsewhere torch ops.
     """
-    if granularity in ("token", "group") and _fused_ok(x):
-        from fp8_linear.kernels import quant_triton
-
-        mode = quant_triton.MODE_TOKEN if granularity == "token" else quant_triton.MODE_GROUP
-        return quant_triton.quantize_rows(x, dtype, mode, fmt_max(dtype), MIN_SCALE)
+    fused = _fused(x) if granularity in ("token", "group") else None
+    if fused is not None:
+        mode = fused.MODE_TOKEN if granularity == "token" else fused.MODE_GROUP
+        return fused.quantize_rows(x, dtype, mode, fmt_max(dtype), MIN_SCALE)
     scale = scale_from_amax(compute_amax(x, granularity), dtype)
     return quantize_unchecked(x, dtype, scale), scale
 

@@ -1,6 +1,7 @@
 """Fused activation quantization for CUDA tensors (Triton): one launch instead of ~4-12 torch ops.
 
-Same numerics as the torch path in ``fp8_linear.quantize`` (bitwise, NaN payloads aside):
+Same formula as the torch path in ``fp8_linear.quantize`` (bitwise agreement with the CPU path is
+what tests/core/test_gpu_fused_quant.py checks; not yet confirmed on a GPU, hence opt-in):
 ``q = cast_rne(clamp(x_fp32 / scale, -fmt_max, fmt_max))`` with IEEE division; for dynamic modes
 ``scale = max(amax_finite / fmt_max, MIN_SCALE)`` per row (token) or per 1x128 group.
 
