@@ -16,7 +16,7 @@ python3 -P -c "import fp8_linear.calibration, fp8_linear.kernels, fp8_linear.che
 export FP8_LINEAR_CACHE=${FP8_LINEAR_CACHE:-$PWD/.fp8_cache}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
-timeout 420 python3 -P -m pytest -q -m gpu tests -p no:cacheprovider -rfEs --durations=8 > "$OUT/gpu-tests.txt" 2>&1
+timeout 420 python3 -P -m pytest -q -m gpu tests -p no:cacheprovider -v -rfEs --durations=8 > "$OUT/gpu-tests.txt" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu-tests.txt" | tail -n 40
 timeout 300 bash benchmarks/sanitize.sh > "$OUT/sanitize.txt" 2>&1; grep -E "rc=|all clean" "$OUT/sanitize.txt"
 timeout 240 python3 -P benchmarks/e2e_llama.py --layers 4 --seq 2048 --reps 10 \

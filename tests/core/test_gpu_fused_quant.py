@@ -37,8 +37,6 @@ def _same(q1, q2):
     return torch.equal(nan, torch.isnan(b)) and torch.equal(q1.view(torch.uint8)[~nan], q2.view(torch.uint8)[~nan])
 
 
-@pytest.mark.xfail(strict=False, reason="device run 9 (H200): 26 of 30 differed from torch's CUDA ops "
-                   "(scales by 1 ulp; 2 group cases in FP8 bits); reference now the CPU path, not yet re-run")
 @pytest.mark.parametrize("fp8", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("rows,k", [(1, 16), (7, 48), (64, 1040), (129, 4096), (3, 16400)])
