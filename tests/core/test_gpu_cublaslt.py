@@ -1,9 +1,9 @@
-"""GPU: the default GEMM path (sm90 when built, else cuBLASLt) against the emulated backend.
+"""GPU: the default GEMM path (sm90 when built, else cuBLASLt) and forced cuBLASLt against emulated.
 
 DESIGN section 7 shape set (Llama-3 8B / 70B linear layers) with a subsample of M, every preset,
 through ``FP8Linear``; ``fp8-block`` must fall to a backend that takes block scales (cuBLASLt refuses).
-Bar: calc_diff(default, forced emulated) < 1e-5. Passes with ``FP8_LINEAR_BACKEND`` unset, whether or
-not the sm90 kernel exists. Run: ``pytest -m gpu tests/core/test_gpu_cublaslt.py``.
+Bar: calc_diff(backend, forced emulated) < 1e-5, for ``backend`` = the default choice (env unset;
+passes whether or not the sm90 kernel exists) and ``cublaslt`` forced (which must refuse fp8-block). Run: ``pytest -m gpu tests/core/test_gpu_cublaslt.py``.
 """
 
 from __future__ import annotations
@@ -71,11 +71,18 @@ def _problem_of(mod: FP8Linear, x: torch.Tensor):
     return make_problem(q, mod.weight, sa, mod.weight_scale, mod.bias, x.dtype)
 
 
-def _default_vs_emulated(monkeypatch, mod: FP8Linear, x: torch.Tensor) -> tuple[str, float, dict]:
-    """(backend chosen with the env unset, calc_diff(default, forced emulated), every backend's verdict)."""
+def _default_vs_emulated(monkeypatch, mod: FP8Linear, x: torch.Tensor,
+                         backend: str = "default") -> tuple[str, float, dict]:
+    """(backend that ran, calc_diff(it, forced emulated), every backend's verdict).
+
+    ``backend`` "default" leaves ``FP8_LINEAR_BACKEND`` unset; a name forces that backend.
+    """
     monkeypatch.delenv(BACKEND_ENV, raising=False)
     verdicts = candidates(_problem_of(mod, x))
     chosen = next(name for name, ok, _ in verdicts if ok)
+    if backend != "default":
+        monkeypatch.setenv(BACKEND_ENV, backend)
+        chosen = backend
     out = mod(x)
     monkeypatch.setenv(BACKEND_ENV, "emulated")
     ref = mod(x)
@@ -93,25 +100,35 @@ def _check_backend(preset: str, chosen: str, verdicts) -> None:
 
 
 # The top decorator varies fastest: M innermost, so each cached module serves all its M.
+def _compare(monkeypatch, backend: str, preset: str, mod: FP8Linear, x: torch.Tensor) -> None:
+    if backend == "cublaslt" and PRESETS[preset].weight_granularity == "block":
+        ok, why = dict((n, (o, r)) for n, o, r in candidates(_problem_of(mod, x)))["cublaslt"]
+        assert not ok and "block" in why, why  # refused with the reason, never run wrongly
+        return
+    chosen, diff, verdicts = _default_vs_emulated(monkeypatch, mod, x, backend)
+    if backend == "default":
+        _check_backend(preset, chosen, verdicts)
+    m, k = x.reshape(-1, x.shape[-1]).shape
+    assert diff < BAR, f"{chosen}: calc_diff {diff:.3g} at M={m} N={mod.out_features} K={k}"
+
+
 @pytest.mark.parametrize("m", M_SUBSAMPLE)
+@pytest.mark.parametrize("backend", ["default", "cublaslt"])
 @pytest.mark.parametrize("n,k", LLAMA_NK)
 @pytest.mark.parametrize("preset", list(PRESETS))
-def test_llama_shapes_default_vs_emulated(monkeypatch, preset, n, k, m):
+def test_llama_shapes_vs_emulated(monkeypatch, preset, n, k, backend, m):
     mod = _module(preset, n, k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    chosen, diff, verdicts = _default_vs_emulated(monkeypatch, mod, x)
-    _check_backend(preset, chosen, verdicts)
-    assert diff < BAR, f"{chosen}: calc_diff {diff:.3g} at M={m} N={n} K={k}"
+    _compare(monkeypatch, backend, preset, mod, x)
 
 
+@pytest.mark.parametrize("backend", ["default", "cublaslt"])
 @pytest.mark.parametrize("m,n,k", EXTRA_MNK)
 @pytest.mark.parametrize("preset", list(PRESETS))
-def test_extra_shapes_default_vs_emulated(monkeypatch, preset, m, n, k):
+def test_extra_shapes_vs_emulated(monkeypatch, preset, m, n, k, backend):
     mod = _module(preset, n, k)
     x = torch.randn(2, m // 2, k, device="cuda", dtype=torch.float16)  # leading batch dims
-    chosen, diff, verdicts = _default_vs_emulated(monkeypatch, mod, x)
-    _check_backend(preset, chosen, verdicts)
-    assert diff < BAR
+    _compare(monkeypatch, backend, preset, mod, x)
 
 
 @pytest.mark.parametrize("preset", ["fp8-tensor", "fp8-dynamic"])
