@@ -28,6 +28,7 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(3, 64, True, 4),
     KernelConfig(4, 128, False, 2),  # promotion every 64: comparison, not selected (20% slower)
     KernelConfig(5, 128, False, 1, 2),  # 2-CTA cluster, B multicast
+    KernelConfig(6, 192, False, 1),  # 128 x 192 tile: less shared-memory and L2 traffic per FLOP
 )
 
 #: Config for M > 64 (the large-M workhorse). Config 5 (2-CTA clusters) measured at about half the

@@ -86,16 +86,20 @@ __device__ __forceinline__ void store_two(void* out, int kind, long idx, float v
 }
 
 // Per-tile epilogue operands fetched from global memory at the START of the tile (their latency
-// hides behind the main loop): two per-thread row values and one column value per thread.
+// hides behind the main loop): two per-thread row values and kColPerThread column values per thread
+// (column tid + 128 * c of the tile, for the tile's BN columns over the warpgroup's 128 threads).
+constexpr int kWgThreads = 128;
+template <int BN>
 struct EpiPrefetch {
-  float row_scale[2];  // non-swap: scale_a[m]; swap: scale_b[n]
-  float row_bias[2];   // swap only: bias[n]
-  float col_scale;     // non-swap: scale_b[n]; swap: scale_a[m]   (thread tid < BN: column tid)
-  float col_bias;      // non-swap: bias[n]
+  static constexpr int kColPerThread = (BN + kWgThreads - 1) / kWgThreads;
+  float row_scale[2];                // non-swap: scale_a[m]; swap: scale_b[n]
+  float row_bias[2];                 // swap only: bias[n]
+  float col_scale[kColPerThread];    // non-swap: scale_b[n]; swap: scale_a[m]
+  float col_bias[kColPerThread];     // non-swap: bias[n]
 };
 
 template <int BN, bool SWAP>
-__device__ __forceinline__ void epi_prefetch(EpiPrefetch& pf, const EpiParams& ep, int row0, int col_base, int tid) {
+__device__ __forceinline__ void epi_prefetch(EpiPrefetch<BN>& pf, const EpiParams& ep, int row0, int col_base, int tid) {
   const int rows_lim = SWAP ? ep.N : ep.M;
   const int cols_lim = SWAP ? ep.M : ep.N;
   const float* rs = SWAP ? ep.sb : ep.sa;
@@ -109,10 +113,28 @@ __device__ __forceinline__ void epi_prefetch(EpiPrefetch& pf, const EpiParams& e
     pf.row_scale[i] = ok ? __ldg(rs + (rs_row ? r : 0)) : 0.f;
     pf.row_bias[i] = (SWAP && ok) ? load_bias(ep.bias, ep.bias_kind, r) : 0.f;
   }
-  const int c = col_base + tid;
-  const bool okc = tid < BN && c < cols_lim;
-  pf.col_scale = okc ? __ldg(cs + (cs_row ? c : 0)) : 0.f;
-  pf.col_bias = (!SWAP && okc) ? load_bias(ep.bias, ep.bias_kind, c) : 0.f;
+#pragma unroll
+  for (int q = 0; q < EpiPrefetch<BN>::kColPerThread; ++q) {
+    const int lc = tid + kWgThreads * q;
+    const int c = col_base + lc;
+    const bool okc = lc < BN && c < cols_lim;
+    pf.col_scale[q] = okc ? __ldg(cs + (cs_row ? c : 0)) : 0.f;
+    pf.col_bias[q] = (!SWAP && okc) ? load_bias(ep.bias, ep.bias_kind, c) : 0.f;
+  }
+}
+
+// Publish the prefetched column values into the warpgroup's shared vectors ([0, BN) scale,
+// [BN, 2BN) bias).
+template <int BN>
+__device__ __forceinline__ void epi_publish_cols(float* vec, const EpiPrefetch<BN>& pf, int tid) {
+#pragma unroll
+  for (int q = 0; q < EpiPrefetch<BN>::kColPerThread; ++q) {
+    const int lc = tid + kWgThreads * q;
+    if (lc < BN) {
+      vec[lc] = pf.col_scale[q];
+      vec[BN + lc] = pf.col_bias[q];
+    }
+  }
 }
 
 // Accumulator fragment of wgmma m64nBN (per thread): value acc[4j + 2i + e] sits at
@@ -120,7 +142,7 @@ __device__ __forceinline__ void epi_prefetch(EpiPrefetch& pf, const EpiParams& e
 // vec: this warpgroup's shared column vectors, [0, BN) scale, [BN, 2BN) bias.
 // ctile: this warpgroup's 64 x BN output staging buffer (TMA store path).
 template <int BN, bool SWAP>
-__device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiParams& ep, const EpiPrefetch& pf,
+__device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiParams& ep, const EpiPrefetch<BN>& pf,
                                          const float* vec, uint8_t* ctile, const CUtensorMap* tma_out,
                                          int row0, int col_base, int lr0, int lane, int tid, int bar_id,
                                          int tile_row0) {
@@ -358,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int tile_row0 = mb * kBM + cw * 64;
       const int row0 = tile_row0 + lr0;
       const int col_base = nb * BN;
-      EpiPrefetch pf;
+      EpiPrefetch<BN> pf;
       epi_prefetch<BN, SWAP>(pf, ep, row0, col_base, tid);
 
       float fin[BN / 2];
@@ -369,9 +391,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(&full[stage], phase);
         issue_kblock<BN, NACC, FA, FB>(acc, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
         wgmma_wait<0>();
-        if (lane == 0) {
-          mbar_arrive(&empty[stage]);
-          if constexpr (CL > 1) mbar_arrive_remote(&empty[stage], rank ^ 1);  // peer multicasts into us
+        // One arrival per warp on the empty barrier of every CTA that writes into this stage: with
+        // clusters, lane r arrives on CTA r's (both CTAs multicast into both), in parallel.
+        if constexpr (CL == 1) {
+          if (lane == 0) mbar_arrive(&empty[stage]);
+        } else {
+          if (lane < CL) mbar_arrive_cluster(&empty[stage], lane);
         }
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) {
@@ -392,10 +417,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // has finished reading ctile) once everyone passes this barrier.
       if (!SWAP && tid == 0) bulk_wait_read0();
       named_bar_sync(bar_id, 128);
-      if (tid < BN) {
-        vec[tid] = pf.col_scale;
-        vec[BN + tid] = pf.col_bias;
-      }
+      epi_publish_cols<BN>(vec, pf, tid);
       named_bar_sync(bar_id, 128);
       epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, &tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
     }
@@ -481,15 +503,16 @@ const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
     case 3: return launch_one<64, true, 4, 1, FA, FB>(la, stream);
     case 4: return launch_one<128, false, 2, 1, FA, FB>(la, stream);
     case 5: return launch_one<128, false, 1, 2, FA, FB>(la, stream);
+    case 6: return launch_one<192, false, 1, 1, FA, FB>(la, stream);
     default: return "unknown kernel config";
   }
 }
 
 // Tile width and operand order of each config (host side).
 inline void config_shape(int config, int& bn, bool& swap, int& cluster) {
-  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128};
-  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false};
-  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2};
+  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192};
+  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false};
+  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1};
   bn = kBN[config];
   swap = kSwap[config];
   cluster = kCluster[config];

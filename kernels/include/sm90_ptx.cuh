@@ -82,11 +82,16 @@ __device__ __forceinline__ uint32_t cluster_ctarank() {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 }
-// Arrive on the mbarrier at the same shared-memory offset in CTA `cta` of this cluster.
-__device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, uint32_t cta) {
+// Arrive on the mbarrier at the same shared-memory offset in CTA `cta` of this cluster (`cta` may be
+// this CTA). Default semantics (release at CTA scope), as CUTLASS's ClusterBarrier::arrive: an explicit
+// `.release.cluster` compiles to MEMBAR.ALL.GPU before every arrival, which cost config 5 (2-CTA
+// clusters) more than half its speed (run A ncu: 2.33 ms vs 1.03 ms; NOTES.md v6). What the arrival
+// publishes is only "this warp's wgmmas have finished reading the stage" (wgmma.wait_group retired
+// them), which needs no ordering of generic-proxy memory operations at cluster scope.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 // 2-D tile load multicast to the CTAs in `mask`: same smem offset and mbarrier offset in each.
 __device__ __forceinline__ void tma_load_2d_mc(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y,
