@@ -22,7 +22,8 @@ jit=importlib.import_module(kernels_module().__name__+'.jit'); t=time.perf_count
       grep -o "QGMMA[.A-Za-z0-9]*" /tmp/sass.txt | sort | uniq -c | tee -a "$OUT/build.txt"
       ;;
     smoke)
-      FP8_LINEAR_SM90_VERBOSE=1 timeout 90 python3 benchmarks/sanitize_driver.py --configs 0,5 2>&1 | tee "$OUT/smoke.txt" || { echo "SMOKE FAILED"; exit 1; }
+      # every config once on small awkward shapes (a hang shows up as the timeout)
+      FP8_LINEAR_SM90_VERBOSE=1 timeout 90 python3 benchmarks/sanitize_driver.py 2>&1 | tee "$OUT/smoke.txt" || { echo "SMOKE FAILED"; exit 1; }
       ;;
     tests)
       timeout 420 python3 -m pytest tests/kernels -q --maxfail=10 --timeout=120 -p no:cacheprovider --tb=short --durations=8 2>&1 | tail -n 150 | tee "$OUT/tests.txt"
@@ -32,6 +33,22 @@ jit=importlib.import_module(kernels_module().__name__+'.jit'); t=time.perf_count
       ;;
     quickbench)
       timeout 300 python3 benchmarks/gemm.py --quick --configs 0,5 --rep 30 --out "$OUT" --tag quick 2>&1 | tee "$OUT/quickbench.txt"
+      ;;
+    benchbig)
+      # the judged set (M >= 2048) with every large-M config forced as well: BENCH_CONFIGS, BENCH_TAG
+      timeout 400 python3 benchmarks/gemm.py --min-m 2048 --configs "${BENCH_CONFIGS:-0,6}" --rep 20 --rounds 2 \
+        --out "$OUT" --tag "${BENCH_TAG:-big}" 2>&1 | tee "$OUT/benchbig.txt"
+      ;;
+    ncu)
+      # ncu at 8192^3 on NCU_CONFIGS, the card's own clocks (--clock-control none)
+      NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+      for c in ${NCU_CONFIGS:-0}; do
+        timeout 120 "$NCU" --clock-control none --kernel-name regex:fp8_gemm_sm90 --launch-skip 2 --launch-count 1 \
+          --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+          --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio \
+          python3 -P benchmarks/profile_one.py --config "$c" > "$OUT/ncu-cfg$c.txt" 2>&1
+        echo "ncu config $c: rc=$? $(grep -E 'Duration|SM Frequency|Compute \(SM\) Throughput' "$OUT/ncu-cfg$c.txt" | tr -s ' ' | tr '\n' ';')"
+      done
       ;;
     bench)
       timeout 540 python3 benchmarks/gemm.py --rep 25 --rounds 3 --out "$OUT" 2>&1 | tee "$OUT/bench.txt"

@@ -19,6 +19,7 @@ class KernelConfig:
     swap_ab: bool  # True: kernel A = weight [N, K], kernel B = activation [M, K] (decode shapes)
     n_acc: int  # accumulators per 128-wide k-block: FP32 promotion every 128 / n_acc of K
     cluster: int = 1  # CTAs per cluster (2: B tile multicast to a pair of row-blocks)
+    ordered: bool = False  # the two consumer warpgroups issue k-blocks in strict alternation
 
 
 CONFIGS: tuple[KernelConfig, ...] = (
@@ -29,11 +30,19 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(4, 128, False, 2),  # promotion every 64: comparison, not selected (20% slower)
     KernelConfig(5, 128, False, 1, 2),  # 2-CTA cluster, B multicast
     KernelConfig(6, 192, False, 1),  # 128 x 192 tile: less shared-memory and L2 traffic per FLOP
+    KernelConfig(7, 192, False, 1, 1, True),  # 6 + ordered warpgroup issue
+    KernelConfig(8, 128, False, 1, 1, True),  # 0 + ordered warpgroup issue
+    KernelConfig(9, 192, False, 1, 2, True),  # 7 on 2-CTA clusters, B multicast
 )
 
-#: Config for M > 64 (the large-M workhorse). Config 5 (2-CTA clusters) measured at about half the
-#: speed of config 0 in run 4 (benchmarks/NOTES.md), so it is not selected.
+#: Config for M > 64 when no candidate below is better (the large-M workhorse).
 LARGE_M_CONFIG = 0
+
+#: Large-M candidates (config id, throughput per tile-FLOP relative to config 0 on full waves, as
+#: measured on an H200; benchmarks/NOTES.md). select_config estimates each one's time as
+#: waves x tile FLOPs / throughput and takes the fastest, so a wider tile wins only where its
+#: coarser wave and tile quantization costs less than its per-FLOP gain.
+LARGE_M_CANDIDATES: tuple[tuple[int, float], ...] = ((LARGE_M_CONFIG, 1.0),)
 
 #: Environment override: force one config id for every problem (benchmarks, debugging).
 ENV_CONFIG = "FP8_LINEAR_SM90_CONFIG"
@@ -43,6 +52,14 @@ def tiles(config: KernelConfig, m: int, n: int) -> int:
     """Number of output tiles the persistent grid walks for an ``m x n`` output."""
     rows_a, rows_b = (n, m) if config.swap_ab else (m, n)
     return -(-rows_a // (BLOCK_M * config.cluster)) * -(-rows_b // config.block_n) * config.cluster
+
+
+def estimated_cost(config: KernelConfig, m: int, n: int, rel_throughput: float, num_sms: int = 132) -> float:
+    """Relative time of an ``m x n`` output on ``config``: waves of the persistent grid times the
+    FLOPs of one tile, over the config's relative per-FLOP throughput (K cancels out)."""
+    grid = max(num_sms // config.cluster * config.cluster, config.cluster)
+    waves = -(-tiles(config, m, n) // grid)
+    return waves * BLOCK_M * config.block_n / rel_throughput
 
 
 def select_config(m: int, n: int, k: int, num_sms: int = 132) -> KernelConfig:
@@ -68,4 +85,9 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132) -> KernelConfig:
         return CONFIGS[2]
     if m <= 64:
         return CONFIGS[3]
-    return CONFIGS[LARGE_M_CONFIG]
+    best, best_cost = CONFIGS[LARGE_M_CONFIG], float("inf")
+    for cid, rel in LARGE_M_CANDIDATES:
+        cost = estimated_cost(CONFIGS[cid], m, n, rel, num_sms)
+        if cost < best_cost:
+            best, best_cost = CONFIGS[cid], cost
+    return best
