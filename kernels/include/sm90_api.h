@@ -14,10 +14,7 @@ namespace fp8sm90 {
 //   4  : (128, false, 2, 1)   as 0 with promotion every 64 of K (slower; comparison)
 //   5  : (128, false, 1, 2)   as 0 on 2-CTA clusters, B tile multicast (half the B traffic from L2)
 //   6  : (192, false, 1, 1)   128 x 192 tile: 20% less shared-memory traffic per FLOP than 128 x 128
-//   7  : (192, false, 1, 1)   as 6, consumer warpgroups issue k-blocks in strict alternation (ORD)
-//   8  : (128, false, 1, 1)   as 0, ORD
-//   9  : (192, false, 1, 2)   as 7 on 2-CTA clusters, B tile multicast
-enum { kNumConfigs = 10 };
+enum { kNumConfigs = 7 };
 
 struct GemmArgs {
   const void* a;  // [M, K] fp8, K-contiguous

@@ -288,15 +288,7 @@ __device__ __forceinline__ void issue_kblock(float (&acc)[NACC][BN / 2], const u
   wgmma_commit();
 }
 
-// Named barriers: 0 = __syncthreads, 1 + cw = consumer warpgroup cw's epilogue, and for ORD the two
-// issue-order barriers (kOrderBar + cw: warpgroup cw waits there for the other one's issue).
-constexpr int kOrderBar = 3;
-
-// ORD: the two consumer warpgroups issue their k-blocks in strict alternation (WG0 k, WG1 k, WG0 k+1,
-// ...): each waits until the other has issued its previous k-block. Without it both wait on the same
-// full barrier, issue together, finish together and promote together, which idles the tensor core
-// for the length of the promotion every k-block; in order, one promotes while the other's wgmmas run.
-template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool ORD>
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const __grid_constant__ CUtensorMap tma_out, int rows_a, int rows_b, int K,
@@ -380,7 +372,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint8_t* ctile = sC + cw * (C::kCTile / 2);
     int stage = 0;
     uint32_t phase = 0;
-    bool first_issue = true;  // ORD: WG0's very first k-block waits for nobody
     for (int t = first_tile; t < num_tiles; t += tile_step) {
       int mb, nb;
       tile_coords(t, num_mp, num_n, mb, nb);
@@ -398,12 +389,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       float acc[NACC][BN / 2];
       for (int kb = 0; kb < num_kb; ++kb) {
         mbar_wait(&full[stage], phase);
-        if constexpr (ORD) {
-          if (cw == 1 || !first_issue) named_bar_sync(kOrderBar + cw, 256);  // the other WG has issued
-          first_issue = false;
-        }
         issue_kblock<BN, NACC, FA, FB>(acc, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
-        if constexpr (ORD) named_bar_arrive(kOrderBar + (cw ^ 1), 256);  // the other WG may issue
         wgmma_wait<0>();
         // One arrival per warp on the empty barrier of every CTA that writes into this stage: with
         // clusters, lane r arrives on CTA r's (both CTAs multicast into both), in parallel.
@@ -436,10 +422,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, &tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
     }
     if (!SWAP && tid == 0) bulk_wait0();
-    // ORD: WG1's last arrival on WG0's order barrier is matched here, so no barrier is left half-way.
-    if constexpr (ORD) {
-      if (cw == 0 && !first_issue) named_bar_sync(kOrderBar, 256);
-    }
   }
   // No CTA may leave while its peer can still multicast into it or arrive on its barriers.
   if constexpr (CL > 1) cluster_sync();
@@ -454,10 +436,10 @@ struct LaunchArgs {
   int num_sms;
 };
 
-template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool ORD = false>
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB>
 const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
   using C = TileCfg<BN, SWAP>;
-  auto kernel = fp8_gemm_sm90_kernel<BN, SWAP, NACC, CL, FA, FB, ORD>;
+  auto kernel = fp8_gemm_sm90_kernel<BN, SWAP, NACC, CL, FA, FB>;
   // Once per instance and device (not on every launch: later calls, CUDA graph capture included, see
   // only the launch).
   static std::atomic<uint64_t> done_mask{0};
@@ -522,18 +504,15 @@ const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
     case 4: return launch_one<128, false, 2, 1, FA, FB>(la, stream);
     case 5: return launch_one<128, false, 1, 2, FA, FB>(la, stream);
     case 6: return launch_one<192, false, 1, 1, FA, FB>(la, stream);
-    case 7: return launch_one<192, false, 1, 1, FA, FB, true>(la, stream);
-    case 8: return launch_one<128, false, 1, 1, FA, FB, true>(la, stream);
-    case 9: return launch_one<192, false, 1, 2, FA, FB, true>(la, stream);
     default: return "unknown kernel config";
   }
 }
 
 // Tile width and operand order of each config (host side).
 inline void config_shape(int config, int& bn, bool& swap, int& cluster) {
-  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192, 192, 128, 192};
-  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false, false, false, false};
-  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1, 1, 1, 2};
+  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192};
+  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false};
+  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1};
   bn = kBN[config];
   swap = kSwap[config];
   cluster = kCluster[config];
