@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fp8_linear.backends.emulated import weight_cache
 from fp8_linear.module import FP8Linear
 
 from .data import Batch, corpus_text, text_windows
@@ -148,9 +149,10 @@ def evaluate_models(
     cos = {n: 0.0 for n in models}
     count, sentences = 0, 0
     order = [reference] + [n for n in models if n != reference]
-    with torch.inference_mode():
+    # weight_cache: CPU runs reuse each model's dequantized FP8 weights across batches (bitwise the same)
+    with torch.inference_mode(), weight_cache():
         for bi, b in enumerate(tqdm(batches, desc="evaluating", unit="batch", disable=not progress)):
-            ref_out = None
+            ref_out = ref_p = ref_top = None
             for n in order:
                 m = models[n]
                 probe = _SqnrProbe(m, ref_model) if n != reference and bi < sqnr_batches else None
@@ -165,10 +167,10 @@ def evaluate_models(
                     tgt = b.input_ids[:, 1:]
                     nll[n] -= float(logp.gather(-1, tgt.unsqueeze(-1)).sum())
                     if ref_out is None:
-                        ref_out = logp
+                        ref_out, ref_p, ref_top = logp, logp.exp(), logp.argmax(-1)
                     else:
-                        agree[n] += int((logp.argmax(-1) == ref_out.argmax(-1)).sum())
-                        kl[n] += float((ref_out.exp() * (ref_out - logp)).sum())
+                        agree[n] += int((logp.argmax(-1) == ref_top).sum())
+                        kl[n] += float(torch.sub(ref_out, logp).mul_(ref_p).sum())
                 else:
                     emb = _mean_pool(out.last_hidden_state.float().cpu(), b.attention_mask)
                     if ref_out is None:

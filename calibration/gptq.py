@@ -6,7 +6,17 @@ error over the columns not yet quantized, weighted by the inverse of ``H = sum x
 input second moment), which minimizes ``||(W_q - W) X||^2`` greedily. The scales stay those of the
 scheme (per-tensor, per-channel or 128x128 blocks), so the result is an ordinary FP8 checkpoint.
 
-Memory: one ``[in, in]`` fp64 matrix per distinct layer input (q/k/v share one, gate/up share one).
+Speed (a 2-core CPU quantizes SmolLM2-135M with every preset in one pass):
+
+- the factor ``U`` (upper Cholesky factor of the dampened ``H^-1``) depends on ``H`` only; it is
+  computed once per distinct layer input (:meth:`HessianAccumulator.inverse_factor`, memoized) with
+  one Cholesky and one triangular inverse (``torch.cholesky_inverse`` is ~20x slower on CPU);
+- rows are independent, so every layer sharing one input (q/k/v, gate/up) and every weight recipe
+  (per-tensor, per-channel, block scales of several presets) are stacked into one ``[rows, in]``
+  problem: one column sweep per distinct ``H`` instead of one per layer and preset
+  (:func:`gptq_fp8_many`).
+
+Memory: one ``[in, in]`` fp64 matrix (plus its factor) per distinct layer input.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ class HessianAccumulator:
         self.h = torch.zeros(in_features, in_features, dtype=torch.float64)
         self.tokens = 0
         self.max_tokens = max_tokens
+        self._factor: tuple | None = None  # (tokens, damp, U, dead), see inverse_factor
 
     def update(self, x: torch.Tensor) -> None:
         """Fold the rows of ``x`` (``[tokens, in]``) into ``H``, up to ``max_tokens`` in total."""
@@ -44,6 +55,36 @@ class HessianAccumulator:
         self.h += (x.t() @ x).double()
         self.tokens += x.shape[0]
 
+    def inverse_factor(self, damp: float = DAMP) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(U, dead)`` of :func:`inverse_factor` for the current ``H``, computed once and memoized."""
+        if self._factor is None or self._factor[:2] != (self.tokens, damp):
+            self._factor = (self.tokens, damp, *inverse_factor(self.h, damp))
+        return self._factor[2], self._factor[3]
+
+
+def inverse_factor(h: torch.Tensor, damp: float = DAMP) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GPTQ factor of ``h``: ``U`` upper-triangular with ``U^T U = (H + damp * mean(diag H) * I)^-1``.
+
+    Args:
+        h: ``sum x x^T``, ``[in, in]`` (fp64). Inputs that never fire (zero diagonal, "dead") get
+            ``H[i, i] = 1`` so the factor exists; their weights are zeroed by the caller.
+        damp: dampening, as a fraction of the mean diagonal.
+
+    Returns:
+        ``(U, dead)``: ``U`` fp32 ``[in, in]`` upper-triangular, ``dead`` bool ``[in]``.
+
+    With ``P`` the reversal permutation and ``P H P = L L^T`` (Cholesky), ``H = R R^T`` for the upper
+    triangular ``R = P L P``, so ``H^-1 = R^-T R^-1`` and ``U = R^-1 = P L^-1 P``: one Cholesky and one
+    triangular inverse (``U`` has a positive diagonal, so it *is* the Cholesky factor of ``H^-1``).
+    """
+    h = h.clone()
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1.0
+    h += torch.eye(h.shape[0], dtype=h.dtype) * (damp * torch.diag(h).mean())
+    low = torch.linalg.cholesky(h.flip(0, 1))
+    u = torch.linalg.solve_triangular(low, torch.eye(h.shape[0], dtype=h.dtype), upper=False).flip(0, 1)
+    return u.to(SCALE_DTYPE), dead
+
 
 def gptq_fp8(w: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, fmt: str | torch.dtype = "e4m3",
              damp: float = DAMP, block: int = BLOCK) -> torch.Tensor:
@@ -52,7 +93,8 @@ def gptq_fp8(w: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, fmt: str | t
     Args:
         w: weight ``[out, in]`` (any float dtype; computed in fp32). Rows are independent, so the
             weights of several layers that share one input (q/k/v, gate/up) can be stacked.
-        h: ``sum x x^T`` of the layer's inputs, ``[in, in]`` (fp64).
+        h: ``sum x x^T`` of the layer's inputs, ``[in, in]`` (fp64), or a :class:`HessianAccumulator`
+            (its factor is computed once and reused by later calls).
         scale: the weight scale: ``[1]``, ``[out, 1]``, 128x128 blocks, or already expanded ``[out, in]``; fp32.
         fmt: FP8 format.
         damp: dampening, as a fraction of the mean diagonal of ``h``.
@@ -62,18 +104,39 @@ def gptq_fp8(w: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, fmt: str | t
         fp32 ``[out, in]`` whose every element is ``q * scale`` with ``q`` on the FP8 grid, so that
         quantizing it again with ``scale`` gives ``q`` exactly.
     """
-    dtype = resolve_format(fmt)
-    m = fmt_max(dtype)
-    w = w.detach().to(SCALE_DTYPE).clone()
-    n_in = w.shape[1]
-    s = (scale if scale.shape == w.shape else expand_scale(scale, w.shape)).to(SCALE_DTYPE).contiguous()
-    inv = 1.0 / s
-    h = h.clone()
-    dead = torch.diag(h) == 0
-    h[dead, dead] = 1.0
+    return gptq_fp8_many([w], h, [scale], fmt, damp, block)[0]
+
+
+def gptq_fp8_many(ws: list[torch.Tensor], h, scales: list[torch.Tensor], fmt: str | torch.dtype = "e4m3",
+                  damp: float = DAMP, block: int = BLOCK) -> list[torch.Tensor]:
+    """:func:`gptq_fp8` of several weights that share one input (one ``H``), in one column sweep.
+
+    ``ws[i]`` ``[out_i, in]`` is rounded onto the grid of ``scales[i]`` (any shape :func:`gptq_fp8`
+    takes); the same weight may appear several times with different scales (one per preset). Each
+    result equals what a separate :func:`gptq_fp8` call gives up to fp32 rounding of the shared
+    column updates (rows never mix). Returns fp32 ``[out_i, in]`` tensors, in order.
+    """
+    if len(ws) != len(scales) or not ws:
+        raise ValueError(f"ws/scales: expected equally long non-empty lists, got {len(ws)} and {len(scales)}")
+    n_in = ws[0].shape[1]
+    for i, w in enumerate(ws):
+        if w.dim() != 2 or w.shape[1] != n_in:
+            raise ValueError(f"ws[{i}]: expected [out, {n_in}], got shape {list(w.shape)}")
+    u, dead = h.inverse_factor(damp) if isinstance(h, HessianAccumulator) else inverse_factor(h, damp)
+    if u.shape[0] != n_in:
+        raise ValueError(f"h: expected [{n_in}, {n_in}] (the weights' input width), got {list(u.shape)}")
+    w = torch.cat([x.detach().to(SCALE_DTYPE) for x in ws])
+    s = torch.cat([(sc if sc.shape == x.shape else expand_scale(sc, x.shape)).to(SCALE_DTYPE) for x, sc in zip(ws, scales)])
     w[:, dead] = 0.0
-    h += torch.eye(n_in, dtype=h.dtype) * (damp * torch.diag(h).mean())
-    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True).to(SCALE_DTYPE)
+    out = _sweep(w, s.contiguous(), u, resolve_format(fmt), block)
+    return list(out.split([x.shape[0] for x in ws]))
+
+
+def _sweep(w: torch.Tensor, s: torch.Tensor, hinv: torch.Tensor, dtype: torch.dtype, block: int) -> torch.Tensor:
+    """The GPTQ column sweep over ``w`` ``[rows, in]`` (modified in place) with expanded scales ``s``."""
+    m = fmt_max(dtype)
+    n_in = w.shape[1]
+    inv = 1.0 / s
     out = torch.empty_like(w)
     with single_thread():
         for i0 in range(0, n_in, block):

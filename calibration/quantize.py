@@ -22,11 +22,10 @@ from torch import nn
 
 from fp8_linear.errors import CalibrationError
 from fp8_linear.module import FP8Linear
-from fp8_linear.quantize import expand_scale
 from fp8_linear.scheme import QuantScheme, resolve_scheme
 
 from .data import DEFAULT_BATCH_SIZE, DEFAULT_MAX_SAMPLES, DEFAULT_SEQ_LEN, Batch, materialize_batches
-from .gptq import HessianAccumulator, gptq_fp8
+from .gptq import HessianAccumulator, gptq_fp8_many
 from .observers import ActivationObserver, weight_scale
 
 DEFAULT_IGNORE = ("lm_head",)
@@ -207,16 +206,8 @@ def apply_quantization(
     scales and GPTQ weights across calls on copies of the same model with the same weight recipe.
     """
     scheme = resolve_scheme(scheme)
-    key = (scheme.weight_granularity, scheme.weight_observer, scheme.fmt, gptq)
-    if cache is not None and key in cache:  # e.g. fp8-channel and fp8-dynamic share their weights
-        scales, rounded = cache[key]
-        rounded = dict(rounded)
-    else:
-        scales = {n: weight_scale(lin.weight.detach(), scheme.weight_granularity, scheme.fmt, scheme.weight_observer)
-                  for n, lin in targets.items()}
-        rounded = _gptq_weights(targets, scales, observers, scheme.fmt) if gptq else {}
-        if cache is not None:
-            cache[key] = (scales, dict(rounded))
+    scales, rounded = prepare_weights(targets, [scheme], observers, gptq, cache)[_weight_key(scheme, gptq)]
+    rounded = dict(rounded)
     for name, lin in targets.items():
         amax = None
         if scheme.static:
@@ -232,23 +223,56 @@ def apply_quantization(
     return model
 
 
-def _gptq_weights(targets, scales, observers, fmt) -> dict[str, torch.Tensor]:
-    """GPTQ-rounded fp32 weights per target; layers sharing one input (one H) are stacked and solved once."""
+def _weight_key(scheme: QuantScheme, gptq: bool) -> tuple:
+    """What a scheme's FP8 weights depend on (e.g. fp8-channel and fp8-dynamic share their weights)."""
+    return (scheme.weight_granularity, scheme.weight_observer, scheme.fmt, gptq)
+
+
+def prepare_weights(targets: dict[str, nn.Linear], schemes, observers=None, gptq: bool = False,
+                    cache: dict | None = None) -> dict:
+    """Weight scales (and GPTQ-rounded fp32 weights) of every distinct weight recipe among ``schemes``.
+
+    Returns (and stores in ``cache`` when given) ``{key: (scales, rounded)}``: ``scales[name]`` of the
+    scheme's scale shape, ``rounded[name]`` the GPTQ weights (empty without ``gptq``). With ``gptq``,
+    all recipes of one FP8 format go through a single GPTQ column sweep per distinct layer input
+    (:func:`~fp8_linear.calibration.gptq.gptq_fp8_many`), so quantizing with every preset costs about
+    one sweep, not one per preset.
+    """
+    cache = {} if cache is None else cache
+    todo: dict[tuple, QuantScheme] = {}
+    for s in schemes:
+        key = _weight_key(resolve_scheme(s), gptq)
+        if key not in cache:
+            todo.setdefault(key, resolve_scheme(s))
+    scales = {key: {n: weight_scale(lin.weight.detach(), s.weight_granularity, s.fmt, s.weight_observer)
+                    for n, lin in targets.items()} for key, s in todo.items()}
+    for fmt in {s.fmt for s in todo.values()}:
+        keys = [k for k, s in todo.items() if s.fmt == fmt]
+        rounded = _gptq_weights(targets, [scales[k] for k in keys], observers, fmt) if gptq else [{} for _ in keys]
+        for k, r in zip(keys, rounded):
+            cache[k] = (scales[k], r)
+    return {k: cache[k] for k in (_weight_key(resolve_scheme(s), gptq) for s in schemes)}
+
+
+def _gptq_weights(targets, scales_list, observers, fmt) -> list[dict[str, torch.Tensor]]:
+    """GPTQ-rounded fp32 weights per target, one dict per entry of ``scales_list`` (one weight
+    recipe each); layers sharing one input (one H) and all recipes are stacked and solved at once."""
     groups: dict[int, list[str]] = {}
     for name in targets:
         hess = getattr(observers.get(name), "hessian", None) if observers else None
         if hess is None or hess.tokens == 0:
             raise CalibrationError(f"gptq: layer {name!r} has no input statistics (calibrate with hessian=True)")
         groups.setdefault(id(hess), []).append(name)
-    out = {}
+    out = [{} for _ in scales_list]
     for names in groups.values():
         hess = observers[names[0]].hessian
         if hess.tokens < GPTQ_MIN_TOKENS_PER_FEATURE * hess.h.shape[0]:
             continue  # too few tokens for a reliable H: GPTQ would overfit them; round to nearest
         ws = [targets[n].weight.detach().float() for n in names]
-        ss = [expand_scale(scales[n], w.shape) for n, w in zip(names, ws)]
-        res = gptq_fp8(torch.cat(ws), observers[names[0]].hessian.h, torch.cat(ss), fmt)
-        out.update(zip(names, res.split([w.shape[0] for w in ws])))
+        res = gptq_fp8_many([w for _ in scales_list for w in ws], hess,
+                            [sc[n] for sc in scales_list for n in names], fmt)
+        for r, o in enumerate(out):
+            o.update(zip(names, res[r * len(names):(r + 1) * len(names)]))
     return out
 
 

@@ -1,11 +1,73 @@
-"""The ``emulated`` backend: dequantize to fp32 and matmul. Any device; the numerical reference."""
+"""The ``emulated`` backend: dequantize to fp32 and matmul. Any device; the numerical reference.
+
+:func:`weight_cache` (a context manager) lets it keep the dequantized ``B`` operand (the FP8 weight
+times its scale, fp32 ``[N, K]``) between calls, e.g. while evaluating several quantized models on a
+CPU: the product is computed exactly as without the cache, so outputs are bitwise the same; an
+entry is recomputed when the weight or its scale is modified in place or replaced.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import weakref
 
 import torch
 
 from ..quantize import expand_scale
 from .base import Backend, GemmProblem
+
+#: Default memory budget of :func:`weight_cache` (fp32 copies; 4x the FP8 weights they stand for).
+WEIGHT_CACHE_BYTES = 8 * 2**30
+
+_cache: dict | None = None  # id(b) -> (weakref(b), b._version, weakref(scale_b), scale_b._version, fp32 B)
+_cache_room = 0
+
+
+@contextlib.contextmanager
+def weight_cache(max_bytes: int = WEIGHT_CACHE_BYTES):
+    """Within the block, the emulated backend reuses the dequantized weight operand of each GEMM.
+
+    Args:
+        max_bytes: at most this many bytes of fp32 weights are kept (later weights run uncached).
+
+    Results are bitwise those of uncached runs. Not thread-safe; nesting keeps the outer cache.
+    """
+    global _cache, _cache_room
+    if _cache is not None:
+        yield
+        return
+    _cache, _cache_room = {}, int(max_bytes)
+    try:
+        yield
+    finally:
+        _cache, _cache_room = None, 0
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors have no version counter: never cached
+        return None
+
+
+def _dequantize_b(problem: GemmProblem) -> torch.Tensor:
+    global _cache_room
+    b, sb = problem.b, problem.scale_b
+    if _cache is None:
+        return b.to(torch.float32) * expand_scale(sb, b.shape)
+    hit = _cache.get(id(b))
+    vb, vs = _version(b), _version(sb)
+    if hit is not None and hit[0]() is b and hit[1] == vb and hit[2]() is sb and hit[3] == vs and vb is not None:
+        return hit[4]
+    out = b.to(torch.float32).mul_(expand_scale(sb, b.shape))
+    if hit is not None:
+        _cache.pop(id(b))
+        _cache_room += hit[4].numel() * hit[4].element_size()
+    size = out.numel() * out.element_size()
+    if vb is not None and vs is not None and size <= _cache_room:
+        _cache[id(b)] = (weakref.ref(b), vb, weakref.ref(sb), vs, out)
+        _cache_room -= size
+    return out
 
 
 class EmulatedBackend(Backend):
@@ -20,9 +82,8 @@ class EmulatedBackend(Backend):
         return True, "takes every problem"
 
     def run(self, problem: GemmProblem) -> torch.Tensor:
-        a = problem.a.to(torch.float32) * expand_scale(problem.scale_a, problem.a.shape)
-        b = problem.b.to(torch.float32) * expand_scale(problem.scale_b, problem.b.shape)
-        out = a @ b.t()
+        a = problem.a.to(torch.float32).mul_(expand_scale(problem.scale_a, problem.a.shape))
+        out = a @ _dequantize_b(problem).t()
         if problem.bias is not None:
             out = out + problem.bias.to(torch.float32)
         return out.to(problem.out_dtype)
