@@ -19,6 +19,7 @@ class KernelConfig:
     swap_ab: bool  # True: kernel A = weight [N, K], kernel B = activation [M, K] (decode shapes)
     n_acc: int  # accumulators per 128-wide k-block: FP32 promotion every 128 / n_acc of K
     cluster: int = 1  # CTAs per cluster (2: B tile multicast to a pair of row-blocks)
+    double_acc: bool = False  # two accumulators: issue k-block i+1 before promoting k-block i
 
 
 CONFIGS: tuple[KernelConfig, ...] = (
@@ -29,6 +30,7 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(4, 128, False, 2),  # promotion every 64: comparison, not selected (20% slower)
     KernelConfig(5, 128, False, 1, 2),  # 2-CTA cluster, B multicast: correct, ~2% slower than 0 (run 11)
     KernelConfig(6, 192, False, 1),  # 128 x 192 tile: less shared-memory and L2 traffic per FLOP
+    KernelConfig(7, 128, False, 1, 1, True),  # 0 with two accumulators (wgmma.wait_group 1)
 )
 
 #: Config for M > 64 when no candidate below is better (the large-M workhorse).

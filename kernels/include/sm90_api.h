@@ -14,7 +14,8 @@ namespace fp8sm90 {
 //   4  : (128, false, 2, 1)   as 0 with promotion every 64 of K (slower; comparison)
 //   5  : (128, false, 1, 2)   as 0 on 2-CTA clusters, B tile multicast (half the B traffic from L2)
 //   6  : (192, false, 1, 1)   128 x 192 tile: 20% less shared-memory traffic per FLOP than 128 x 128
-enum { kNumConfigs = 7 };
+//   7  : (128, false, 1, 1)   as 0 with two accumulators: k-block i+1 issued before k-block i is promoted
+enum { kNumConfigs = 8 };
 
 struct GemmArgs {
   const void* a;  // [M, K] fp8, K-contiguous

@@ -79,6 +79,18 @@ __device__ __forceinline__ void store_one(void* out, int kind, long idx, float v
   else static_cast<__half*>(out)[idx] = __float2half_rn(v);
 }
 
+// Two floats rounded to bf16 (BF16) or fp16 and packed, the lower column in the low half.
+template <bool BF16>
+__device__ __forceinline__ uint32_t pack_16bit(float v0, float v1) {
+  if constexpr (BF16) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __half2 h = __floats2half2_rn(v0, v1);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
 __device__ __forceinline__ void store_two(void* out, int kind, long idx, float v0, float v1) {
   if (kind == 0) *reinterpret_cast<float2*>(static_cast<float*>(out) + idx) = make_float2(v0, v1);
   else if (kind == 1) *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(out) + idx) = __floats2bfloat162_rn(v0, v1);
@@ -137,6 +149,38 @@ __device__ __forceinline__ void epi_publish_cols(float* vec, const EpiPrefetch<B
   }
 }
 
+// 16-bit output tile of one warpgroup (64 x BN) into the 128B-swizzled staging buffer, with stmatrix:
+// the accumulator pair (acc[4j + 2i], acc[4j + 2i + 1]) of every thread is exactly the fragment of the
+// 8 x 8 matrix at rows 16 * warp + 8i + (0..7), columns 8j + (0..7); one stmatrix.x4 stores the four
+// matrices (j0, 0), (j0, 1), (j0 + 1, 0), (j0 + 1, 1), lane l giving the address of row l % 8 of
+// matrix l / 8 (one 16-byte chunk, swizzled: chunk index XOR row % 8). Column scales and biases come
+// from shared memory as float2 (c is even).
+template <int BN, bool BF16>
+__device__ __forceinline__ void stage_tile_16bit(const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf,
+                                                 const float* vs, const float* vb, uint8_t* ctile, int lane,
+                                                 int warp) {
+  const int lc = 2 * (lane % 4);
+  const int q_l = lane / 8;
+  const int row_l = 16 * warp + 8 * (q_l % 2) + lane % 8;  // this lane's stmatrix row address
+#pragma unroll
+  for (int j0 = 0; j0 < BN / 8; j0 += 2) {
+    uint32_t r[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int j = j0 + q / 2, i = q % 2;
+      const int c = 8 * j + lc;
+      const float2 sc = *reinterpret_cast<const float2*>(vs + c);
+      const float2 bc = *reinterpret_cast<const float2*>(vb + c);
+      const float v0 = acc[4 * j + 2 * i] * (pf.row_scale[i] * sc.x) + bc.x;
+      const float v1 = acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * sc.y) + bc.y;
+      r[q] = pack_16bit<BF16>(v0, v1);
+    }
+    const int col8 = j0 + q_l / 2;  // 16-byte chunk of 8 columns
+    uint8_t* dst = ctile + (col8 / 8) * (64 * 128) + row_l * 128 + (((col8 % 8) ^ (row_l & 7)) << 4);
+    stmatrix_x4(dst, r[0], r[1], r[2], r[3]);
+  }
+}
+
 // Accumulator fragment of wgmma m64nBN (per thread): value acc[4j + 2i + e] sits at
 // row = 16*warp + lane/4 + 8*i, col = 8*j + 2*(lane%4) + e  (of the warpgroup's 64 x BN block).
 // vec: this warpgroup's shared column vectors, [0, BN) scale, [BN, 2BN) bias.
@@ -191,21 +235,8 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
         }
       } else {
         constexpr int W = 64;  // 16-bit elements per 128-byte swizzle row
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const int c = 8 * j + lc;
-          const float s0 = vs[c], s1 = vs[c + 1], b0 = vb[c], b1 = vb[c + 1];
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int r = lr0 + 8 * i;
-            const float v0 = acc[4 * j + 2 * i] * (pf.row_scale[i] * s0) + b0;
-            const float v1 = acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1;
-            const int sub = c / W, byte = (c % W) * 2;
-            uint8_t* dst = ctile + sub * (64 * 128) + r * 128 + ((((byte >> 4) ^ (r & 7)) << 4) | (byte & 15));
-            if (ep.out_kind == 1) *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
-            else *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(v0, v1);
-          }
-        }
+        if (ep.out_kind == 1) stage_tile_16bit<BN, true>(acc, pf, vs, vb, ctile, lane, tid / 32);
+        else stage_tile_16bit<BN, false>(acc, pf, vs, vb, ctile, lane, tid / 32);
         fence_proxy_async();  // generic-proxy smem writes -> visible to the TMA engine
         named_bar_sync(bar_id, 128);
         if (tid == 0 && tile_row0 < ep.M) {
@@ -288,7 +319,80 @@ __device__ __forceinline__ void issue_kblock(float (&acc)[NACC][BN / 2], const u
   wgmma_commit();
 }
 
-template <int BN, bool SWAP, int NACC, int CL, int FA, int FB>
+// Arrive on the empty barrier of stage `s` once per warp, on every CTA that writes into this stage:
+// with clusters, lane r arrives on CTA r's (both CTAs multicast into both), in parallel.
+template <int CL>
+__device__ __forceinline__ void release_stage(uint64_t* empty, int s, int lane) {
+  if constexpr (CL == 1) {
+    if (lane == 0) mbar_arrive(&empty[s]);
+  } else {
+    if (lane < CL) mbar_arrive_cluster(&empty[s], lane);
+  }
+}
+
+// FP32 promotion: fin += the k-block's partial sums (NACC accumulators).
+template <int BN, int NACC>
+__device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC][BN / 2]) {
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) {
+#pragma unroll
+    for (int q = 0; q < NACC; ++q) fence_reg(acc[q][i]);
+    float part = acc[0][i];
+#pragma unroll
+    for (int q = 1; q < NACC; ++q) part += acc[q][i];
+    fin[i] += part;
+  }
+}
+
+// DBL: two accumulators; k-block i+1's wgmmas are issued before k-block i is promoted
+// (wgmma.wait_group 1), so the tensor core always has this warpgroup's next k-block queued. The
+// roles of the two accumulators are fixed in each half of the loop body (no run-time indexing).
+template <int BN, int CL, int FA, int FB, int S, int kStageA, int kStageB>
+__device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint8_t* sA, const uint8_t* sB,
+                                                uint64_t* full, uint64_t* empty, int& stage, uint32_t& phase,
+                                                int num_kb, int lane) {
+  float a0[1][BN / 2], a1[1][BN / 2];
+  auto advance = [&]() {
+    if (++stage == S) {
+      stage = 0;
+      phase ^= 1;
+    }
+  };
+  mbar_wait(&full[stage], phase);
+  issue_kblock<BN, 1, FA, FB>(a0, sA + stage * kStageA, sB + stage * kStageB);
+  int prev = stage;
+  advance();
+  for (int kb = 1;; ++kb) {
+    if (kb == num_kb) {
+      wgmma_wait<0>();
+      release_stage<CL>(empty, prev, lane);
+      promote<BN, 1>(fin, a0);
+      break;
+    }
+    mbar_wait(&full[stage], phase);
+    issue_kblock<BN, 1, FA, FB>(a1, sA + stage * kStageA, sB + stage * kStageB);
+    wgmma_wait<1>();
+    release_stage<CL>(empty, prev, lane);
+    promote<BN, 1>(fin, a0);
+    prev = stage;
+    advance();
+    if (++kb == num_kb) {
+      wgmma_wait<0>();
+      release_stage<CL>(empty, prev, lane);
+      promote<BN, 1>(fin, a1);
+      break;
+    }
+    mbar_wait(&full[stage], phase);
+    issue_kblock<BN, 1, FA, FB>(a0, sA + stage * kStageA, sB + stage * kStageB);
+    wgmma_wait<1>();
+    release_stage<CL>(empty, prev, lane);
+    promote<BN, 1>(fin, a1);
+    prev = stage;
+    advance();
+  }
+}
+
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const __grid_constant__ CUtensorMap tma_out, int rows_a, int rows_b, int K,
@@ -386,30 +490,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       float fin[BN / 2];
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) fin[i] = 0.f;
-      float acc[NACC][BN / 2];
-      for (int kb = 0; kb < num_kb; ++kb) {
-        mbar_wait(&full[stage], phase);
-        issue_kblock<BN, NACC, FA, FB>(acc, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
-        wgmma_wait<0>();
-        // One arrival per warp on the empty barrier of every CTA that writes into this stage: with
-        // clusters, lane r arrives on CTA r's (both CTAs multicast into both), in parallel.
-        if constexpr (CL == 1) {
-          if (lane == 0) mbar_arrive(&empty[stage]);
-        } else {
-          if (lane < CL) mbar_arrive_cluster(&empty[stage], lane);
-        }
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) {
-#pragma unroll
-          for (int q = 0; q < NACC; ++q) fence_reg(acc[q][i]);
-          float part = acc[0][i];
-#pragma unroll
-          for (int q = 1; q < NACC; ++q) part += acc[q][i];
-          fin[i] += part;  // FP32 promotion every 128 / NACC of K
-        }
-        if (++stage == S) {
-          stage = 0;
-          phase ^= 1;
+      if constexpr (DBL) {
+        static_assert(NACC == 1, "DBL keeps one accumulator per k-block");
+        mainloop_double<BN, CL, FA, FB, S, C::kStageA, C::kStageB>(fin, sA + cw * 64 * kBK, sB, full, empty, stage,
+                                                                  phase, num_kb, lane);
+      } else {
+        float acc[NACC][BN / 2];
+        for (int kb = 0; kb < num_kb; ++kb) {
+          mbar_wait(&full[stage], phase);
+          issue_kblock<BN, NACC, FA, FB>(acc, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
+          wgmma_wait<0>();
+          release_stage<CL>(empty, stage, lane);
+          promote<BN, NACC>(fin, acc);  // FP32 promotion every 128 / NACC of K
+          if (++stage == S) {
+            stage = 0;
+            phase ^= 1;
+          }
         }
       }
 
@@ -436,10 +532,10 @@ struct LaunchArgs {
   int num_sms;
 };
 
-template <int BN, bool SWAP, int NACC, int CL, int FA, int FB>
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL = false>
 const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
   using C = TileCfg<BN, SWAP>;
-  auto kernel = fp8_gemm_sm90_kernel<BN, SWAP, NACC, CL, FA, FB>;
+  auto kernel = fp8_gemm_sm90_kernel<BN, SWAP, NACC, CL, FA, FB, DBL>;
   // Once per instance and device (not on every launch: later calls, CUDA graph capture included, see
   // only the launch).
   static std::atomic<uint64_t> done_mask{0};
@@ -504,15 +600,16 @@ const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
     case 4: return launch_one<128, false, 2, 1, FA, FB>(la, stream);
     case 5: return launch_one<128, false, 1, 2, FA, FB>(la, stream);
     case 6: return launch_one<192, false, 1, 1, FA, FB>(la, stream);
+    case 7: return launch_one<128, false, 1, 1, FA, FB, true>(la, stream);
     default: return "unknown kernel config";
   }
 }
 
 // Tile width and operand order of each config (host side).
 inline void config_shape(int config, int& bn, bool& swap, int& cluster) {
-  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192};
-  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false};
-  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1};
+  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192, 128};
+  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false, false};
+  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1, 1};
   bn = kBN[config];
   swap = kSwap[config];
   cluster = kCluster[config];

@@ -138,7 +138,7 @@ def test_config_table_matches_header():
     src = (jit.INCLUDE_DIR / "sm90_gemm.cuh").read_text()
     for c in configs.CONFIGS:
         line = (f"case {c.id}: return launch_one<{c.block_n}, {str(c.swap_ab).lower()}, {c.n_acc}, {c.cluster}, "
-                f"FA, FB>")
+                f"FA, FB{', true' if c.double_acc else ''}>")
         assert line in src, line
 
 
