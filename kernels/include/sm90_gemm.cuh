@@ -346,7 +346,9 @@ __device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC]
 
 // DBL: two accumulators; k-block i+1's wgmmas are issued before k-block i is promoted
 // (wgmma.wait_group 1), so the tensor core always has this warpgroup's next k-block queued. The
-// roles of the two accumulators are fixed in each half of the loop body (no run-time indexing).
+// roles of the two accumulators are fixed in each half of the loop body (no run-time indexing). The
+// two halves are written out on purpose: folded into one lambda with the accumulators as arguments,
+// ptxas no longer proves the pipeline and serializes every wgmma (C7514 + C7517, nvcc 13.0).
 template <int BN, int CL, int FA, int FB, int S, int kStageA, int kStageB>
 __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint8_t* sA, const uint8_t* sB,
                                                 uint64_t* full, uint64_t* empty, int& stage, uint32_t& phase,
