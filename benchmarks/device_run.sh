@@ -63,8 +63,19 @@ jit=importlib.import_module(kernels_module().__name__+'.jit'); t=time.perf_count
         echo "ncu config $c: rc=$? $(grep -E 'Duration|SM Frequency|Compute \(SM\) Throughput' "$OUT/ncu-cfg$c.txt" | tr -s ' ' | tr '\n' ';')"
       done
       ;;
+    ncusrc)
+      # per-SASS-instruction stall samples of NCU_CONFIGS at 8192^3 (where the warps wait)
+      NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+      for c in ${NCU_CONFIGS:-0}; do
+        timeout 150 "$NCU" --clock-control none --kernel-name regex:fp8_gemm_sm90 --launch-skip 2 --launch-count 1 \
+          --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
+          python3 -P benchmarks/profile_one.py --config "$c" > "$OUT/ncusrc-cfg$c.csv" 2>&1
+        echo "ncu source config $c: rc=$? lines $(wc -l < "$OUT/ncusrc-cfg$c.csv")"
+      done
+      ;;
     bench)
-      timeout 540 python3 benchmarks/gemm.py --rep 25 --rounds 3 --out "$OUT" 2>&1 | tee "$OUT/bench.txt"
+      timeout 540 python3 benchmarks/gemm.py --rep 25 --rounds 3 --configs "${BENCH_CONFIGS:-}" --out "$OUT" \
+        --tag "${BENCH_TAG:-}" 2>&1 | tee "$OUT/bench.txt"
       ;;
     sanitize)
       timeout 400 benchmarks/sanitize.sh 2>&1 | tee "$OUT/sanitize.txt"
