@@ -74,7 +74,7 @@ jit=importlib.import_module(kernels_module().__name__+'.jit'); t=time.perf_count
       done
       ;;
     bench)
-      timeout 540 python3 benchmarks/gemm.py --rep 25 --rounds 3 --configs "${BENCH_CONFIGS:-}" --out "$OUT" \
+      timeout 540 python3 benchmarks/gemm.py --rep "${BENCH_REP:-25}" --rounds "${BENCH_ROUNDS:-3}" --configs "${BENCH_CONFIGS:-}" --out "$OUT" \
         --tag "${BENCH_TAG:-}" 2>&1 | tee "$OUT/bench.txt"
       ;;
     sanitize)
