@@ -106,8 +106,8 @@ def test_can_run_valid_cpu_problem_needs_cuda():
 # ---------------------------------------------------------------- config selection
 @pytest.mark.parametrize("m, cid, bn, swap", [(1, 1, 16, True), (16, 1, 16, True), (17, 2, 32, True),
                                                (32, 2, 32, True), (33, 3, 64, True), (64, 3, 64, True),
-                                               (65, 0, 128, False), (4096, 0, 128, False),
-                                               (8192, 6, 192, False)])
+                                               (65, 7, 128, False), (4096, 7, 128, False),
+                                               (8192, 7, 128, False)])
 def test_select_config(m, cid, bn, swap, monkeypatch):
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     c = configs.select_config(m, 4096, 4096)
@@ -118,18 +118,19 @@ def test_select_config(m, cid, bn, swap, monkeypatch):
 
 
 def test_select_config_wave_model(monkeypatch):
-    """The 128 x 192 tile wins where its per-FLOP gain outweighs coarser waves (run 11 measurements)."""
+    """The 128 x 192 tile wins only where its coarser waves cost less than its per-FLOP difference
+    (run 12 measurements)."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
-    c0, c6 = configs.CONFIGS[0], configs.CONFIGS[6]
+    c7, c6 = configs.CONFIGS[7], configs.CONFIGS[6]
     # 8192^3: 4096 tiles = 31.03 waves of 132 (32 launched) vs 64 x 43 = 2752 tiles = 20.85 (21)
-    assert configs.tiles(c0, 8192, 8192) == 4096 and configs.tiles(c6, 8192, 8192) == 64 * 43
-    assert configs.estimated_cost(c0, 8192, 8192, 1.0) == 32 * 128 * 128
+    assert configs.tiles(c7, 8192, 8192) == 4096 and configs.tiles(c6, 8192, 8192) == 64 * 43
+    assert configs.estimated_cost(c7, 8192, 8192, 1.0) == 32 * 128 * 128
     assert configs.estimated_cost(c6, 8192, 8192, 1.0) == 21 * 128 * 192
-    assert configs.select_config(8192, 8192, 8192).id == 6
-    # N = 4096 at M = 4096: 8 waves of 128-wide tiles vs 6 waves of 192-wide (22 column blocks): 0 wins
-    assert configs.select_config(4096, 4096, 4096).id == 0
+    assert configs.select_config(8192, 8192, 8192).id == 7
+    # M = 512, N = 6144: 192 tiles of 128 x 128 need 2 waves, 128 tiles of 128 x 192 one
+    assert configs.select_config(512, 6144, 4096).id == 6
     # one wave either way (few tiles): the narrower tile finishes first
-    assert configs.select_config(128, 4096, 4096).id == 0
+    assert configs.select_config(128, 4096, 4096).id == 7
 
 
 def test_config_table_matches_header():
