@@ -15,7 +15,9 @@ namespace fp8sm90 {
 //   5  : (128, false, 1, 2)   as 0 on 2-CTA clusters, B tile multicast (half the B traffic from L2)
 //   6  : (192, false, 1, 1)   128 x 192 tile: 20% less shared-memory traffic per FLOP than 128 x 128
 //   7  : (128, false, 1, 1)   as 0 with two accumulators: k-block i+1 issued before k-block i is promoted
-enum { kNumConfigs = 8 };
+//                             (the large-M default, see kernels/configs.py)
+//   8  : (128, false, 1, 2)   as 7 on 2-CTA clusters, B tile multicast
+enum { kNumConfigs = 9 };
 
 struct GemmArgs {
   const void* a;  // [M, K] fp8, K-contiguous

@@ -603,15 +603,16 @@ const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
     case 5: return launch_one<128, false, 1, 2, FA, FB>(la, stream);
     case 6: return launch_one<192, false, 1, 1, FA, FB>(la, stream);
     case 7: return launch_one<128, false, 1, 1, FA, FB, true>(la, stream);
+    case 8: return launch_one<128, false, 1, 2, FA, FB, true>(la, stream);
     default: return "unknown kernel config";
   }
 }
 
 // Tile width and operand order of each config (host side).
 inline void config_shape(int config, int& bn, bool& swap, int& cluster) {
-  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192, 128};
-  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false, false};
-  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1, 1};
+  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192, 128, 128};
+  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false, false, false};
+  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1, 1, 2};
   bn = kBN[config];
   swap = kSwap[config];
   cluster = kCluster[config];
