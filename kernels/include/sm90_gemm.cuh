@@ -6,6 +6,10 @@
 // the 128 x BN tile. BLOCK_K = 128 = one 128-byte swizzle row of fp8. K-blocks flow through a ring of
 // STAGES shared-memory stages guarded by full/empty mbarriers. Each k-block is 4 wgmma k32 steps into
 // a fresh accumulator which is then added into FP32 registers (promotion every 128 of K).
+// DBL: two such accumulators per consumer WG, k-block i+1 issued before k-block i is retired and
+// promoted (the large-M default, config 7). CL = 2: a 2-CTA cluster shares (multicasts) the B tile.
+// Epilogue: scales, bias and the cast, staged in shared memory (stmatrix for 16-bit outputs) and
+// written with TMA stores; direct clipped stores where TMA cannot take the output.
 // SWAP: the caller passed (B, A) as the kernel's (A, B) so that a large N sits on wgmma's M side
 // (decode shapes); the epilogue writes the transposed tile.
 #pragma once
