@@ -104,7 +104,7 @@ class _SqnrProbe:
             x = args[0].float()
             y_ref = F.linear(x, ref.weight.float(), None if ref.bias is None else ref.bias.float())
             self.sig[name] = self.sig.get(name, 0.0) + float(y_ref.square().sum(dtype=torch.float64))
-            self.noise[name] = self.noise.get(name, 0.0) + float((out.float() - y_ref).square().sum(dtype=torch.float64))
+            self.noise[name] = self.noise.get(name, 0.0) + float(torch.sub(out.float(), y_ref).square_().sum(dtype=torch.float64))
 
         return hook
 

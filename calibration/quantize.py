@@ -167,7 +167,8 @@ def calibrate(
             for b in tqdm(batches, desc="calibrating", unit="batch", disable=not progress):
                 if b.num_tokens == 0:
                     continue
-                state["mask"] = b.attention_mask.reshape(-1).bool().to(device)
+                mask = b.attention_mask.reshape(-1).bool()
+                state["mask"] = None if bool(mask.all()) else mask.to(device)  # no padding: no masked copy
                 state["last"] = (None, None)
                 runner(input_ids=b.input_ids.to(device), attention_mask=b.attention_mask.to(device))
     finally:

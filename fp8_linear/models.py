@@ -92,6 +92,10 @@ def load_model(model: str | os.PathLike | None = None, *, dtype: torch.dtype = t
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     folder, gguf = resolve_model_path(model)
+    if gguf:  # transformers re-parses GGUF files in Python on every load: read a converted copy
+        from .gguf_cache import converted_folder
+
+        folder, gguf = converted_folder(folder, gguf, causal)
     kw = {"gguf_file": gguf} if gguf else {}
     try:
         tok = AutoTokenizer.from_pretrained(folder, **kw)

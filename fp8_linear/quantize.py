@@ -93,10 +93,15 @@ def _cell_amax(a: torch.Tensor, shape: torch.Size, granularity: str) -> torch.Te
         scale_shape(shape, granularity)  # validates rank
         return a.amax(dim=-1, keepdim=True)
     if granularity == "group":
-        g = _pad_to(a, -1, GROUP_SIZE)
-        # Explicit group count (not -1): an empty batch [0, K] has no inferable dimension.
-        g = g.reshape(*a.shape[:-1], g.shape[-1] // GROUP_SIZE, GROUP_SIZE)
-        return g.amax(dim=-1)
+        # Full groups through a view, the partial last group apart (no padded copy). Explicit group
+        # count (not -1): an empty batch [0, K] has no inferable dimension.
+        k, full = a.shape[-1], a.shape[-1] // GROUP_SIZE
+        parts = [a[..., : full * GROUP_SIZE].unflatten(-1, (full, GROUP_SIZE)).amax(dim=-1)] if full else []
+        if k % GROUP_SIZE:
+            parts.append(a[..., full * GROUP_SIZE:].amax(dim=-1, keepdim=True))
+        if not parts:  # K == 0: no groups
+            return a.new_zeros(*a.shape[:-1], 0)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
     if granularity == "block":
         scale_shape(shape, "block")
         g = _pad_to(_pad_to(a, 0, GROUP_SIZE), 1, GROUP_SIZE)
@@ -128,6 +133,44 @@ def expand_scale(scale: torch.Tensor, shape: tuple[int, ...] | torch.Size) -> to
     raise ScaleError(
         f"scale: expected shape {' or '.join(dict.fromkeys(map(str, accepted)))} for a tensor of shape {list(shape)}, got {list(s.shape)}"
     )
+
+
+def _is_group_scale(s: torch.Tensor, shape: tuple[int, ...]) -> bool:
+    """True when ``s`` is a 1x128-group scale ``[..., ceil(K/128)]`` of a tensor of ``shape`` (read as
+    :func:`expand_scale` reads it)."""
+    return s.numel() > 1 and s.dim() == len(shape) and tuple(s.shape[:-1]) == tuple(shape[:-1]) and s.shape[-1] > 1
+
+
+def _group_apply_(y: torch.Tensor, s: torch.Tensor, op) -> None:
+    """``op(y, scale)`` in place for a group scale ``s`` ``[..., G]`` of ``y`` ``[..., K]``, through views."""
+    k = y.shape[-1]
+    full = k // GROUP_SIZE
+    if full:
+        op(y[..., : full * GROUP_SIZE].unflatten(-1, (full, GROUP_SIZE)), s[..., :full, None])
+    if k % GROUP_SIZE:
+        op(y[..., full * GROUP_SIZE:], s[..., full:])
+
+
+def scale_(y: torch.Tensor, scale: torch.Tensor, divide: bool = False) -> torch.Tensor:
+    """``y *= expand_scale(scale, y.shape)`` (or ``/=`` with ``divide``) in place, and return ``y``.
+
+    ``y``: fp32 ``[..., K]`` that the caller owns; ``scale``: any shape :func:`expand_scale` reads.
+    Bitwise what the out-of-place ``y * expand_scale(...)`` gives; 1x128 groups and 128x128 blocks
+    are applied through views instead of a materialized ``[..., K]`` scale.
+    """
+    s = scale.to(SCALE_DTYPE)
+    op = torch.Tensor.div_ if divide else torch.Tensor.mul_
+    shape = tuple(y.shape)
+    if _is_group_scale(s, shape):
+        _group_apply_(y, s, op)
+    elif s.numel() > 1 and s.dim() == 2 and len(shape) == 2 and s.shape[1] > 1 and s.shape[0] < shape[0]:
+        expand_scale(s, shape)  # validates the block shape
+        for r in range(s.shape[0]):  # 128x128 blocks: each block row is a group scale of its rows
+            rows = y[r * GROUP_SIZE: (r + 1) * GROUP_SIZE]
+            _group_apply_(rows, s[r: r + 1].expand(rows.shape[0], -1), op)
+    else:
+        op(y, expand_scale(s, shape))
+    return y
 
 
 def validate_scale(scale: torch.Tensor, expected_shape: tuple[int, ...], name: str = "scale") -> torch.Tensor:
@@ -229,7 +272,11 @@ def quantize_unchecked(
     fused = _fused(x) if rounding == "nearest" and scale.numel() == 1 else None
     if fused is not None:
         return fused.quantize_rows(x, dtype, fused.MODE_STATIC, m, MIN_SCALE, scale.reshape(1))[0]
-    y = torch.div(x.to(SCALE_DTYPE), expand_scale(scale, x.shape)).clamp_(-m, m)
+    if scale.numel() == 1 or scale.shape[-1] == 1:  # per tensor / row: a broadcast view of the scale
+        y = torch.div(x.to(SCALE_DTYPE), expand_scale(scale, x.shape))
+    else:
+        y = scale_(x.to(SCALE_DTYPE, copy=True), scale, divide=True)
+    y.clamp_(-m, m)
     if rounding == "stochastic":
         y = _stochastic_round(y, dtype, generator)
     return y.to(dtype)
@@ -261,4 +308,4 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype 
     if not isinstance(scale, torch.Tensor):
         raise TypeError(f"scale: expected a torch.Tensor, got {type(scale).__name__}")
     _check_same_device(scale, q, "scale", "q")
-    return (q.to(SCALE_DTYPE) * expand_scale(scale, q.shape)).to(out_dtype)
+    return scale_(q.to(SCALE_DTYPE), scale).to(out_dtype)

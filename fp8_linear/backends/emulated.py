@@ -13,7 +13,7 @@ import weakref
 
 import torch
 
-from ..quantize import expand_scale
+from ..quantize import scale_
 from .base import Backend, GemmProblem
 
 #: Default memory budget of :func:`weight_cache` (fp32 copies; 4x the FP8 weights they stand for).
@@ -54,12 +54,12 @@ def _dequantize_b(problem: GemmProblem) -> torch.Tensor:
     global _cache_room
     b, sb = problem.b, problem.scale_b
     if _cache is None:
-        return b.to(torch.float32) * expand_scale(sb, b.shape)
+        return scale_(b.to(torch.float32), sb)
     hit = _cache.get(id(b))
     vb, vs = _version(b), _version(sb)
     if hit is not None and hit[0]() is b and hit[1] == vb and hit[2]() is sb and hit[3] == vs and vb is not None:
         return hit[4]
-    out = b.to(torch.float32).mul_(expand_scale(sb, b.shape))
+    out = scale_(b.to(torch.float32), sb)
     if hit is not None:
         _cache.pop(id(b))
         _cache_room += hit[4].numel() * hit[4].element_size()
@@ -82,7 +82,7 @@ class EmulatedBackend(Backend):
         return True, "takes every problem"
 
     def run(self, problem: GemmProblem) -> torch.Tensor:
-        a = problem.a.to(torch.float32).mul_(expand_scale(problem.scale_a, problem.a.shape))
+        a = scale_(problem.a.to(torch.float32), problem.scale_a)
         out = a @ _dequantize_b(problem).t()
         if problem.bias is not None:
             out = out + problem.bias.to(torch.float32)
