@@ -2,6 +2,7 @@
 # compute-sanitizer memcheck, racecheck, initcheck and synccheck over a small awkward-shape sweep of
 # every sm90 kernel config (benchmarks/sanitize_driver.py). Prints each tool's error count.
 # Usage: benchmarks/sanitize.sh   (needs an sm90 GPU; builds the kernel first, outside the sanitizer)
+#        SANITIZE_TOOLS="synccheck" benchmarks/sanitize.sh   (a subset of the four tools)
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -10,7 +11,7 @@ command -v "$CS" >/dev/null 2>&1 || CS=/usr/local/cuda/bin/compute-sanitizer
 echo "== plain run (builds the kernel if needed)"
 $PY benchmarks/sanitize_driver.py || { echo "driver failed without sanitizer"; exit 1; }
 status=0
-for tool in memcheck racecheck initcheck synccheck; do
+for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
   log=$(mktemp)
   extra=""
   [ "$tool" = racecheck ] && extra="--racecheck-report all"
