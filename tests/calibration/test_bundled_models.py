@@ -24,8 +24,10 @@ def minilm():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="issue 3 bar 0.999 not reached: fp8-channel measures 0.9943-0.9973 on the eval split "
-                          "(weight-only per-channel FP8 alone gives 0.9984); open", strict=False)
+@pytest.mark.xfail(reason="issue 3 bar 0.999 not reached: fp8-channel 0.99745 here (517 calibration tokens: too few "
+                          "for GPTQ), 0.99821 with 256 sentences + GPTQ; per-token dynamic activations give the same "
+                          "(0.99754 / 0.99829), so the static scale is not the limit but e4m3 rounding itself, 63% of it "
+                          "in the FFN (README, Accuracy); open", strict=False)
 def test_minilm_fp8_channel_embedding_cosine(minilm):
     model, tok = minilm
     calib = [s for s in corpus_text("calib").split("\n") if len(s.split()) >= 4][:32]
