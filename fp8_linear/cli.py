@@ -137,10 +137,36 @@ def _print_inspect(info: dict, show_tensors: bool) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- commands
-def _load(model_spec, dtype_name: str):
+def pick_threads(requested: int = 0) -> int:
+    """Torch intra-op threads for this run: ``requested`` when > 0, else the cores other processes
+    leave free (``cpu_count - 1-minute load average``, at least 1, at most torch's default).
+
+    On a shared CPU, a thread pool larger than the free cores stalls at every op's barrier: on a
+    2-core machine with a load of ~6, one thread ran SmolLM2's forward 2x faster than two.
+    """
+    import torch
+
+    if requested > 0:
+        return requested
+    free = (os.cpu_count() or 1) - os.getloadavg()[0]
+    return max(1, min(torch.get_num_threads(), int(free + 0.5)))
+
+
+def _set_threads(args) -> None:
+    import torch
+
+    n = pick_threads(getattr(args, "threads", 0) or 0)
+    torch.set_num_threads(n)
+    print(f"torch threads: {n} (cpus {os.cpu_count()}, load average {os.getloadavg()[0]:.1f})", file=sys.stderr)
+
+
+def _load(model_spec, dtype_name: str, args=None):
     import torch
 
     from .models import load_model
+
+    if args is not None:
+        _set_threads(args)
 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
     t0 = time.perf_counter()
@@ -161,7 +187,7 @@ def cmd_quantize(args) -> int:
     import fp8_linear
     from fp8_linear.checkpoint import save_quantized
 
-    model, tok = _load(args.model, args.dtype)
+    model, tok = _load(args.model, args.dtype, args)
     calib = read_data(args.calib)
     t0 = time.perf_counter()
     fp8_linear.quantize_model(model, calib, _scheme(args), tokenizer=tok, ignore=tuple(args.ignore),
@@ -178,7 +204,7 @@ def cmd_eval(args) -> int:
     from .calibration.compare import build_eval_batches
     from .calibration.evaluate import evaluate_models
 
-    model, tok = _load(args.model, args.dtype)
+    model, tok = _load(args.model, args.dtype, args)
     models = {"model": model}
     if args.reference:
         models = {"reference": _load(args.reference, args.dtype)[0], "model": model}
@@ -199,7 +225,7 @@ def cmd_compare(args) -> int:
     import fp8_linear
 
     t0 = time.perf_counter()
-    model, tok = _load(args.model, args.dtype)
+    model, tok = _load(args.model, args.dtype, args)
     schemes = [_scheme(argparse.Namespace(**{**vars(args), "scheme": s})) for s in args.schemes]
     table = fp8_linear.compare_schemes(
         model, read_data(args.data), schemes, read_data(args.calib), tokenizer=tok, ignore=tuple(args.ignore),
@@ -227,6 +253,8 @@ def _common(p: argparse.ArgumentParser, model_default: str | None = "smollm2") -
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="dtype of the unquantized parts and of activations (default float32: fast and exact on CPU)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--threads", type=int, default=0, metavar="N",
+                   help="torch CPU threads (default 0 = the cores other processes leave free, at least 1)")
 
 
 def _calib_args(p: argparse.ArgumentParser) -> None:
