@@ -20,6 +20,7 @@ class KernelConfig:
     n_acc: int  # accumulators per 128-wide k-block: FP32 promotion every 128 / n_acc of K
     cluster: int = 1  # CTAs per cluster (2: B tile multicast to a pair of row-blocks)
     double_acc: bool = False  # two accumulators: issue k-block i+1 before promoting k-block i
+    overlap: bool = False  # pipeline across tiles: next tile's first k-blocks run under this tile's epilogue
 
 
 CONFIGS: tuple[KernelConfig, ...] = (
@@ -32,6 +33,7 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(6, 192, False, 1),  # 128 x 192 tile: less shared-memory and L2 traffic per FLOP
     KernelConfig(7, 128, False, 1, 1, True),  # 0 with two accumulators (wgmma.wait_group 1)
     KernelConfig(8, 128, False, 1, 2, True),  # 7 on 2-CTA clusters, B multicast: 8% slower than 7 (run 13)
+    KernelConfig(9, 128, False, 1, 1, True, True),  # 7 + epilogue overlapped with the next tile (v9; not yet run)
 )
 
 #: Config for M > 64 when no candidate below is better (the large-M workhorse): 128 x 128 with two

@@ -17,7 +17,9 @@ namespace fp8sm90 {
 //   7  : (128, false, 1, 1)   as 0 with two accumulators: k-block i+1 issued before k-block i is promoted
 //                             (the large-M default, see kernels/configs.py)
 //   8  : (128, false, 1, 2)   as 7 on 2-CTA clusters, B tile multicast
-enum { kNumConfigs = 9 };
+//   9  : (128, false, 1, 1)   as 7 with the pipeline carried across tiles: the next tile's first two
+//                             k-blocks are issued before this tile's epilogue (not selected; NOTES v9)
+enum { kNumConfigs = 10 };
 
 struct GemmArgs {
   const void* a;  // [M, K] fp8, K-contiguous

@@ -8,6 +8,8 @@
 // a fresh accumulator which is then added into FP32 registers (promotion every 128 of K).
 // DBL: two such accumulators per consumer WG, k-block i+1 issued before k-block i is retired and
 // promoted (the large-M default, config 7). CL = 2: a 2-CTA cluster shares (multicasts) the B tile.
+// OVL (config 9, fp8_gemm_sm90_overlap_kernel): DBL with the pipeline carried across tiles: the next
+// tile's first k-block is in flight while the finished tile's epilogue runs (no drain between tiles).
 // Epilogue: scales, bias and the cast, staged in shared memory (stmatrix for 16-bit outputs) and
 // written with TMA stores; direct clipped stores where TMA cannot take the output.
 // SWAP: the caller passed (B, A) as the kernel's (A, B) so that a large N sits on wgmma's M side
@@ -398,6 +400,93 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
   }
 }
 
+// Shared-memory carve-up of one CTA from the 1024-byte-aligned base: S stages of A (128 x 128) and
+// B (BN x 128) tiles, the consumer warpgroups' output staging (kCTile) and column vectors (kVec),
+// then the S full and S empty mbarriers.
+template <int BN, bool SWAP>
+struct SmemLayout {
+  uint8_t* sA;
+  uint8_t* sB;
+  uint8_t* sC;
+  float* sVec;
+  uint64_t* full;
+  uint64_t* empty;
+  __device__ __forceinline__ explicit SmemLayout(uint8_t* smem) {
+    using C = TileCfg<BN, SWAP>;
+    sA = smem;
+    sB = smem + C::kStages * C::kStageA;
+    sC = sB + C::kStages * C::kStageB;
+    sVec = reinterpret_cast<float*>(sC + C::kCTile);
+    full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(sVec) + C::kVec);
+    empty = full + C::kStages;
+  }
+};
+
+// Thread 0: prefetch the operand tensor maps and initialise the stage barriers.
+//   full[s]:  1 arrival (the producer's arrive.expect_tx) + the stage's TMA bytes; consumers wait on it.
+//   empty[s]: one arrival per consumer warp (2 warpgroups x 4 warps) of every CTA reading the stage;
+//             the producer waits on it before refilling the stage.
+template <int S, int CL>
+__device__ __forceinline__ void init_stage_barriers(const CUtensorMap* tma_a, const CUtensorMap* tma_b,
+                                                    uint64_t* full, uint64_t* empty) {
+  tma_prefetch_desc(tma_a);
+  tma_prefetch_desc(tma_b);
+#pragma unroll
+  for (int s = 0; s < S; ++s) {
+    mbar_init(&full[s], 1);
+    mbar_init(&empty[s], 8 * CL);  // one arrival per consumer warp (2 warpgroups x 4 warps) per CTA
+  }
+  fence_mbar_init();
+  fence_proxy_async();
+}
+
+// The producer thread: for every tile of this CTA, every k-block: wait until the stage is empty, then
+// load A (128 rows) and B (BN rows; with clusters half of it, multicast) into it, completing on full[].
+template <int BN, int CL, int S, int kStageA, int kStageB, int kStage>
+__device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CUtensorMap* tma_b, uint8_t* sA,
+                                              uint8_t* sB, uint64_t* full, uint64_t* empty, int first_tile,
+                                              int num_tiles, int tile_step, int num_mp, int num_n, int num_kb,
+                                              uint32_t rank) {
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int t = first_tile; t < num_tiles; t += tile_step) {
+    int mb, nb;
+    tile_coords(t, num_mp, num_n, mb, nb);
+    mb = mb * CL + rank;
+    for (int kb = 0; kb < num_kb; ++kb) {
+      mbar_wait(&empty[stage], phase ^ 1);
+      mbar_arrive_expect_tx(&full[stage], kStage);  // OOB parts are zero-filled and still counted
+      tma_load_2d(sA + stage * kStageA, tma_a, &full[stage], kb * kBK, mb * kBM);
+      if constexpr (CL == 1) {
+        tma_load_2d(sB + stage * kStageB, tma_b, &full[stage], kb * kBK, nb * BN);
+      } else {
+        constexpr int kHalf = BN / 2;
+        tma_load_2d_mc(sB + stage * kStageB + rank * kHalf * kBK, tma_b, &full[stage], kb * kBK,
+                       nb * BN + rank * kHalf, static_cast<uint16_t>(0x3));
+      }
+      if (++stage == S) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+  }
+}
+
+// End of a tile for one consumer warpgroup: once its previous TMA store has finished reading ctile
+// (bulk_wait_read0) and every thread passed barrier bar_id (the warpgroup's own named barrier, 128
+// threads: nobody still reads vec / ctile of the previous tile), publish this tile's column
+// scales/bias to vec, barrier again (vec complete), then the epilogue.
+template <int BN, bool SWAP>
+__device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const EpiParams& ep, const EpiPrefetch<BN>& pf,
+                                            float* vec, uint8_t* ctile, const CUtensorMap* tma_out, int row0,
+                                            int col_base, int lr0, int lane, int tid, int bar_id, int tile_row0) {
+  if (!SWAP && tid == 0) bulk_wait_read0();
+  named_bar_sync(bar_id, 128);
+  epi_publish_cols<BN>(vec, pf, tid);
+  named_bar_sync(bar_id, 128);
+  epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
+}
+
 template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
@@ -408,12 +497,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int S = C::kStages;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint8_t* sA = smem;
-  uint8_t* sB = smem + S * C::kStageA;
-  uint8_t* sC = sB + S * C::kStageB;
-  float* sVec = reinterpret_cast<float*>(sC + C::kCTile);
-  uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(sVec) + C::kVec);
-  uint64_t* empty = full + S;
+  const SmemLayout<BN, SWAP> L(smem);
+  uint8_t* sA = L.sA;
+  uint8_t* sB = L.sB;
+  uint8_t* sC = L.sC;
+  float* sVec = L.sVec;
+  uint64_t* full = L.full;
+  uint64_t* empty = L.empty;
 
   static_assert(CL == 1 || (CL == 2 && !SWAP), "clusters only for the non-swapped config");
   // CL == 2: a cluster of two CTAs takes a 256 x BN "pair tile": CTA r computes row-block 2p + r, and
@@ -428,17 +518,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int first_tile = blockIdx.x / CL;
   const int tile_step = gridDim.x / CL;
 
-  if (threadIdx.x == 0) {
-    tma_prefetch_desc(&tma_a);
-    tma_prefetch_desc(&tma_b);
-#pragma unroll
-    for (int s = 0; s < S; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 8 * CL);  // one arrival per consumer warp (2 warpgroups x 4 warps) per CTA
-    }
-    fence_mbar_init();
-    fence_proxy_async();
-  }
+  if (threadIdx.x == 0) init_stage_barriers<S, CL>(&tma_a, &tma_b, full, empty);
   if constexpr (CL > 1) cluster_sync();  // peers' barriers are initialised before any multicast
   else __syncthreads();
 
@@ -446,29 +526,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
-      int stage = 0;
-      uint32_t phase = 0;
-      for (int t = first_tile; t < num_tiles; t += tile_step) {
-        int mb, nb;
-        tile_coords(t, num_mp, num_n, mb, nb);
-        mb = mb * CL + rank;
-        for (int kb = 0; kb < num_kb; ++kb) {
-          mbar_wait(&empty[stage], phase ^ 1);
-          mbar_arrive_expect_tx(&full[stage], C::kStage);  // OOB parts are zero-filled and still counted
-          tma_load_2d(sA + stage * C::kStageA, &tma_a, &full[stage], kb * kBK, mb * kBM);
-          if constexpr (CL == 1) {
-            tma_load_2d(sB + stage * C::kStageB, &tma_b, &full[stage], kb * kBK, nb * BN);
-          } else {
-            constexpr int kHalf = BN / 2;
-            tma_load_2d_mc(sB + stage * C::kStageB + rank * kHalf * kBK, &tma_b, &full[stage], kb * kBK,
-                           nb * BN + rank * kHalf, static_cast<uint16_t>(0x3));
-          }
-          if (++stage == S) {
-            stage = 0;
-            phase ^= 1;
-          }
-        }
-      }
+      producer_loop<BN, CL, S, C::kStageA, C::kStageB, C::kStage>(&tma_a, &tma_b, sA, sB, full, empty, first_tile,
+                                                                  num_tiles, tile_step, num_mp, num_n, num_kb, rank);
     }
   } else {
     // ------------------------------------------------------------ consumers
@@ -515,18 +574,190 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
 
-      // The previous tile's epilogue of this warpgroup is done with vec / ctile (and its TMA store
-      // has finished reading ctile) once everyone passes this barrier.
-      if (!SWAP && tid == 0) bulk_wait_read0();
-      named_bar_sync(bar_id, 128);
-      epi_publish_cols<BN>(vec, pf, tid);
-      named_bar_sync(bar_id, 128);
-      epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, &tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
+      finish_tile<BN, SWAP>(fin, ep, pf, vec, ctile, &tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
     }
     if (!SWAP && tid == 0) bulk_wait0();
   }
   // No CTA may leave while its peer can still multicast into it or arrive on its barriers.
   if constexpr (CL > 1) cluster_sync();
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------------
+// OVL (config 9): config 7's two accumulators per consumer warpgroup, with the k-block pipeline carried
+// across tile boundaries (consumer_stream). Config 7 drains its pipeline at the end of every tile
+// (wait_group 0) and then runs the epilogue with no MMA of its own queued: measured as about 2
+// k-blocks of tensor-core time per tile (NOTES.md v8). Here the next tile's first k-block is issued
+// before the finished tile's last one is retired, and the epilogue (scales, bias, cast, stmatrix
+// staging, TMA store; all on `fin`, which no wgmma touches) runs while it executes.
+//
+// Stage ring, per consumer warpgroup: `iss` = (stage, phase) of the next k-block to issue (waited on
+// full[]), `rel` = stage of the oldest k-block still in flight (arrived on empty[] once its wgmmas
+// have retired). The warpgroup holds at most two stages; k-blocks are consumed and released in ring
+// order, across tiles, exactly as the producer fills them.
+struct RingPos {
+  int stage;
+  uint32_t phase;
+};
+
+template <int S>
+__device__ __forceinline__ void ring_advance(RingPos& p) {
+  if (++p.stage == S) {
+    p.stage = 0;
+    p.phase ^= 1;
+  }
+}
+
+// Wait until the stage at `iss` is full (producer's TMA bytes landed), issue its k-block into `acc`
+// (4 wgmma k32 steps, one commit group) and move `iss` on.
+template <int BN, int FA, int FB, int S, int kStageA, int kStageB>
+__device__ __forceinline__ void issue_next_kblock(float (&acc)[1][BN / 2], const uint8_t* sA, const uint8_t* sB,
+                                                  uint64_t* full, RingPos& iss) {
+  mbar_wait(&full[iss.stage], iss.phase);
+  issue_kblock<BN, 1, FA, FB>(acc, sA + iss.stage * kStageA, sB + iss.stage * kStageB);
+  ring_advance<S>(iss);
+}
+
+// The oldest k-block's wgmmas have retired (after wgmma_wait): this warp no longer reads its stage.
+template <int S>
+__device__ __forceinline__ void retire_oldest(uint64_t* empty, int& rel, int lane) {
+  release_stage<1>(empty, rel, lane);
+  rel = rel + 1 == S ? 0 : rel + 1;
+}
+
+// One consumer warpgroup (cw = 0 or 1: rows 64 * cw .. 64 * cw + 63 of each 128 x BN tile) over its
+// tiles t = first_tile, first_tile + tile_step, ... as ONE stream of k-blocks g = 0 .. total - 1
+// (tile g / num_kb, k-block g % num_kb): mainloop_double's two-accumulator loop (a0: even g, a1: odd
+// g; issue g, wait_group 1, retire and promote g - 1), run across tile boundaries. When g - 1 was a
+// tile's last k-block, that tile's epilogue runs right there, while k-block g (the next tile's first)
+// is in flight: the tensor core keeps working through the epilogue and never drains between tiles.
+// ptxas constraints (nvcc 13.0), why the code looks the way it does:
+//  - the halves are written out with fixed accumulator roles (a lambda over swapped accumulators
+//    serializes the wgmmas, C7514);
+//  - exactly one wgmma group is in flight at the loop head and at every join: where paths with
+//    different groups in flight join (e.g. two k-blocks issued before the epilogue on one path only),
+//    ptxas injects a full wait (C7517) or serializes everything (C7514);
+//  - no __trap() in the consumer path (it, too, made ptxas serialize the wgmmas).
+template <int BN, int FA, int FB>
+__device__ __forceinline__ void consumer_stream(const SmemLayout<BN, false>& L, const EpiParams& ep,
+                                                const CUtensorMap* tma_out, int cw, int first_tile, int num_tiles,
+                                                int tile_step, int num_m, int num_n, int num_kb) {
+  using C = TileCfg<BN, false>;
+  constexpr int S = C::kStages;
+  if (first_tile >= num_tiles) return;  // (the grid has at most one CTA per tile)
+  const int tid = threadIdx.x % kWgThreads;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int bar_id = 1 + cw;  // this warpgroup's named barrier (128 threads)
+  float* vec = L.sVec + cw * 2 * BN;
+  uint8_t* ctile = L.sC + cw * (C::kCTile / 2);
+  const uint8_t* sA = L.sA + cw * 64 * kBK;  // this warpgroup's 64 rows of every A stage
+  const uint8_t* sB = L.sB;
+  const int lr0 = warp * 16 + lane / 4;  // this thread's first local row inside the warpgroup's 64 rows
+  const int total = (num_tiles - first_tile + tile_step - 1) / tile_step * num_kb;
+  RingPos iss{0, 0};
+  int rel = 0;
+  float a0[1][BN / 2], a1[1][BN / 2];
+  float fin[BN / 2];
+  EpiPrefetch<BN> pf;
+  int t = first_tile, tile_row0 = 0, col_base = 0;
+  int kb_left = num_kb;  // k-blocks of tile t not yet promoted
+  // Tile t's coordinates and epilogue operands (loaded now, used after its k-blocks); fin = 0.
+  auto begin_tile = [&]() {
+    int mb, nb;
+    tile_coords(t, num_m, num_n, mb, nb);
+    tile_row0 = mb * kBM + cw * 64;
+    col_base = nb * BN;
+    epi_prefetch<BN, false>(pf, ep, tile_row0 + lr0, col_base, tid);
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) fin[i] = 0.f;
+    kb_left = num_kb;
+  };
+  auto end_tile = [&]() {
+    // Opaque copies of the staging pointers: the epilogue's shared-memory addresses are then computed
+    // per tile, not hoisted out of the loop for each of its copies (which spilled, 216 bytes).
+    float* vec_t = vec;
+    uint8_t* ctile_t = ctile;
+    asm volatile("" : "+l"(vec_t), "+l"(ctile_t));
+    finish_tile<BN, false>(fin, ep, pf, vec_t, ctile_t, tma_out, tile_row0 + lr0, col_base, lr0, lane, tid, bar_id,
+                           tile_row0);
+  };
+  // After promoting k-block g - 1: if it was tile t's last, that tile's epilogue (while k-block g runs)
+  // and the start of the next tile.
+  auto next_if_tile_done = [&]() {
+    if (--kb_left == 0) {
+      end_tile();
+      t += tile_step;
+      begin_tile();
+    }
+  };
+  auto issue_a0 = [&]() { issue_next_kblock<BN, FA, FB, S, C::kStageA, C::kStageB>(a0, sA, sB, L.full, iss); };
+  auto issue_a1 = [&]() { issue_next_kblock<BN, FA, FB, S, C::kStageA, C::kStageB>(a1, sA, sB, L.full, iss); };
+
+  // The stream's last k-block is retired and promoted, and the last epilogue run, inside the half that
+  // owns it: a shared tail after the loop would let the compiler merge the two promotions through a
+  // register copy between the accumulators, and ptxas then serializes every wgmma (C7514).
+  begin_tile();
+  issue_a0();  // g = 0
+  for (int g = 1;; ++g) {
+    if (g == total) {  // k-block g - 1 (in a0) is the stream's last
+      wgmma_wait<0>();
+      retire_oldest<S>(L.empty, rel, lane);
+      promote<BN, 1>(fin, a0);
+      end_tile();
+      break;
+    }
+    issue_a1();  // k-block g
+    wgmma_wait<1>();
+    retire_oldest<S>(L.empty, rel, lane);
+    promote<BN, 1>(fin, a0);  // k-block g - 1
+    next_if_tile_done();
+    if (++g == total) {  // k-block g - 1 (in a1) is the stream's last
+      wgmma_wait<0>();
+      retire_oldest<S>(L.empty, rel, lane);
+      promote<BN, 1>(fin, a1);
+      end_tile();
+      break;
+    }
+    issue_a0();  // k-block g
+    wgmma_wait<1>();
+    retire_oldest<S>(L.empty, rel, lane);
+    promote<BN, 1>(fin, a1);  // k-block g - 1
+    next_if_tile_done();
+  }
+  if (tid == 0) bulk_wait0();  // the last TMA store has completed before the CTA exits
+}
+
+template <int BN, int FA, int FB>
+__global__ void __launch_bounds__(kThreads, 1)
+    fp8_gemm_sm90_overlap_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                                 const __grid_constant__ CUtensorMap tma_out, int rows_a, int rows_b, int K,
+                                 const EpiParams ep) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  using C = TileCfg<BN, false>;
+  constexpr int S = C::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const SmemLayout<BN, false> L(smem);
+  const int num_m = (rows_a + kBM - 1) / kBM;
+  const int num_n = (rows_b + BN - 1) / BN;
+  const int num_kb = (K + kBK - 1) / kBK;
+  const int num_tiles = num_m * num_n;
+  const int wg = threadIdx.x / kWgThreads;
+
+  if (threadIdx.x == 0) init_stage_barriers<S, 1>(&tma_a, &tma_b, L.full, L.empty);
+  __syncthreads();
+  if (wg == 0) {
+    setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      producer_loop<BN, 1, S, C::kStageA, C::kStageB, C::kStage>(&tma_a, &tma_b, L.sA, L.sB, L.full, L.empty,
+                                                                 blockIdx.x, num_tiles, gridDim.x, num_m, num_n,
+                                                                 num_kb, 0);
+    }
+  } else {
+    setmaxnreg_inc<232>();
+    consumer_stream<BN, FA, FB>(L, ep, &tma_out, wg - 1, blockIdx.x, num_tiles, gridDim.x, num_m, num_n, num_kb);
+  }
 #endif
 }
 
@@ -538,10 +769,22 @@ struct LaunchArgs {
   int num_sms;
 };
 
-template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL = false>
+// The kernel of a config: OVL selects the cross-tile pipelined consumers (config 9), which exist only for
+// the non-swapped, single-CTA, two-accumulator case.
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL, bool OVL>
+constexpr auto kernel_of() {
+  if constexpr (OVL) {
+    static_assert(!SWAP && NACC == 1 && CL == 1 && DBL, "OVL is config 7's layout with the pipeline across tiles");
+    return &fp8_gemm_sm90_overlap_kernel<BN, FA, FB>;
+  } else {
+    return &fp8_gemm_sm90_kernel<BN, SWAP, NACC, CL, FA, FB, DBL>;
+  }
+}
+
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL = false, bool OVL = false>
 const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
   using C = TileCfg<BN, SWAP>;
-  auto kernel = fp8_gemm_sm90_kernel<BN, SWAP, NACC, CL, FA, FB, DBL>;
+  auto kernel = kernel_of<BN, SWAP, NACC, CL, FA, FB, DBL, OVL>();
   // Once per instance and device (not on every launch: later calls, CUDA graph capture included, see
   // only the launch).
   static std::atomic<uint64_t> done_mask{0};
@@ -578,9 +821,9 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
     max_clusters[dev & 63].store(n, std::memory_order_relaxed);
     if (const char* v = getenv("FP8_LINEAR_SM90_VERBOSE"); v != nullptr && v[0] == '1') {
       fprintf(stderr,
-              "fp8_linear sm90: BN=%d swap=%d nacc=%d cluster=%d stages=%d smem=%d: grid up to %d clusters "
-              "(occupancy query: %d)\n",
-              BN, int(SWAP), NACC, CL, C::kStages, C::kSmem, n, active);
+              "fp8_linear sm90: BN=%d swap=%d nacc=%d cluster=%d dbl=%d ovl=%d stages=%d smem=%d: grid up to %d "
+              "clusters (occupancy query: %d)\n",
+              BN, int(SWAP), NACC, CL, int(DBL), int(OVL), C::kStages, C::kSmem, n, active);
     }
     done_mask.fetch_or(bit, std::memory_order_acq_rel);
   }
@@ -608,15 +851,16 @@ const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
     case 6: return launch_one<192, false, 1, 1, FA, FB>(la, stream);
     case 7: return launch_one<128, false, 1, 1, FA, FB, true>(la, stream);
     case 8: return launch_one<128, false, 1, 2, FA, FB, true>(la, stream);
+    case 9: return launch_one<128, false, 1, 1, FA, FB, true, true>(la, stream);
     default: return "unknown kernel config";
   }
 }
 
 // Tile width and operand order of each config (host side).
 inline void config_shape(int config, int& bn, bool& swap, int& cluster) {
-  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192, 128, 128};
-  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false, false, false};
-  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1, 1, 2};
+  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192, 128, 128, 128};
+  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false, false, false, false};
+  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1, 1, 2, 1};
   bn = kBN[config];
   swap = kSwap[config];
   cluster = kCluster[config];

@@ -194,6 +194,37 @@ def test_long_k_promotion_fp32(cfg):
     assert d <= 1e-8
 
 
+# --------------------------------------------------------------- several tiles per CTA
+#: More 128-wide tiles than an H100/H200 has SMs (132), so the persistent CTAs walk 2-3 tiles each and
+#: cross tile boundaries inside one launch (config 9 carries its k-block pipeline across them); one,
+#: an odd and an even number of k-blocks per tile, with M / N / K tails.
+MULTI_TILE = [(2048, 2056, 128), (2100, 1800, 1040), (1700, 2300, 1280)]
+
+
+@pytest.mark.parametrize("m, n, k", MULTI_TILE)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("cfg", LARGE_CFGS)
+def test_many_tiles_per_cta(m, n, k, out_dtype, cfg):
+    _case(m, n, k, E4, E4, "row", "row", torch.bfloat16, out_dtype, config=cfg)
+
+
+#: Config 9 sums the same k-block partials in the same order as config 7 and shares its epilogue; only
+#: the schedule differs, so its output must be bitwise identical.
+@pytest.mark.parametrize("m, n, k", [*MULTI_TILE, (129, 200, 16400), (4096, 4104, 1040)])
+@pytest.mark.parametrize("out_dtype", OUTS)
+def test_overlap_config_bitwise_equals_config7(m, n, k, out_dtype):
+    ovl = [c.id for c in configs.CONFIGS if c.overlap]
+    assert ovl, "no config with overlap=True"
+    base = next(c.id for c in configs.CONFIGS
+                if c.double_acc and not c.overlap and c.cluster == 1 and c.block_n == configs.CONFIGS[ovl[0]].block_n)
+    a, b, sa, sb, bias = make_inputs(m, n, k, E4, E5, "row", "tensor", torch.float32)
+    ref = run_poisoned(a, b, sa, sb, bias, out_dtype, base)
+    for cid in ovl:
+        out = run_poisoned(a, b, sa, sb, bias, out_dtype, cid)
+        assert torch.isfinite(out).all(), f"config {cid}: unwritten outputs"
+        assert torch.equal(out, ref), f"config {cid} differs from config {base}: max |diff| {(out.double() - ref.double()).abs().max().item()}"
+
+
 # --------------------------------------------------------------- DESIGN (Llama) shapes
 LLAMA_NK = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
             (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)]

@@ -139,8 +139,24 @@ def test_config_table_matches_header():
     src = (jit.INCLUDE_DIR / "sm90_gemm.cuh").read_text()
     for c in configs.CONFIGS:
         line = (f"case {c.id}: return launch_one<{c.block_n}, {str(c.swap_ab).lower()}, {c.n_acc}, {c.cluster}, "
-                f"FA, FB{', true' if c.double_acc else ''}>")
+                f"FA, FB{', true' if c.double_acc else ''}{', true' if c.overlap else ''}>")
         assert line in src, line
+
+
+def test_overlap_configs_are_prepared_not_selected(monkeypatch):
+    """Config 9 (pipeline across tiles) is a 128 x 128 two-accumulator single-CTA config, as the kernel's
+    static_assert requires, and the shape-based choice never picks it (it has not run on a device yet)."""
+    monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
+    ovl = [c for c in configs.CONFIGS if c.overlap]
+    assert [c.id for c in ovl] == [9]
+    for c in ovl:
+        assert c.double_acc and not c.swap_ab and c.cluster == 1 and c.n_acc == 1
+    picked = {configs.select_config(m, n, k).id
+              for m in (1, 16, 64, 65, 128, 512, 2048, 4096, 8192)
+              for n, k in ((4096, 4096), (6144, 4096), (28672, 4096), (57344, 8192), (8192, 28672))}
+    assert not picked & {c.id for c in ovl}
+    monkeypatch.setenv(configs.ENV_CONFIG, "9")
+    assert configs.select_config(8192, 8192, 8192).id == 9  # reachable by the override (benchmarks)
 
 
 def test_select_config_env_override(monkeypatch):
