@@ -133,28 +133,31 @@ def gptq_fp8_many(ws: list[torch.Tensor], h, scales: list[torch.Tensor], fmt: st
 
 
 def _sweep(w: torch.Tensor, s: torch.Tensor, hinv: torch.Tensor, dtype: torch.dtype, block: int) -> torch.Tensor:
-    """The GPTQ column sweep over ``w`` ``[rows, in]`` (modified in place) with expanded scales ``s``."""
+    """The GPTQ column sweep over ``w`` ``[rows, in]`` with expanded scales ``s``; returns ``[rows, in]``.
+
+    Works on the transposes (``[in, rows]``: every input column a contiguous row), so each block of
+    columns, its scales and its lazy update are contiguous slices rather than strided copies.
+    """
     m = fmt_max(dtype)
     n_in = w.shape[1]
-    inv = 1.0 / s
-    out = torch.empty_like(w)
+    wt = w.t().contiguous()
+    st = s.t().contiguous()
+    it = torch.reciprocal(st)
+    out = torch.empty_like(wt)
     with single_thread():
         for i0 in range(0, n_in, block):
             i1 = min(i0 + block, n_in)
-            wb = w[:, i0:i1].t().contiguous()  # [cols, rows]: each column is a contiguous row here
+            wb, sb, ib, qb = wt[i0:i1], st[i0:i1], it[i0:i1], out[i0:i1]
             eb = torch.empty_like(wb)
-            qb = torch.empty_like(wb)
             hb = hinv[i0:i1, i0:i1]
-            sb, ib = s[:, i0:i1].t().contiguous(), inv[:, i0:i1].t().contiguous()
+            diag = torch.diagonal(hb).tolist()
             for j in range(i1 - i0):
-                col = wb[j]
-                q = torch.mul(col, ib[j]).clamp_(-m, m).to(dtype).to(SCALE_DTYPE).mul_(sb[j])
-                e = torch.sub(col, q).div_(hb[j, j])
+                col, q = wb[j], qb[j]
+                torch.mul(col, ib[j], out=q).clamp_(-m, m)
+                q.copy_(q.to(dtype)).mul_(sb[j])
+                e = torch.sub(col, q, out=eb[j]).div_(diag[j])
                 if j + 1 < i1 - i0:
                     wb[j + 1:].addr_(hb[j, j + 1:], e, alpha=-1.0)
-                qb[j] = q
-                eb[j] = e
-            out[:, i0:i1] = qb.t()
             if i1 < n_in:
-                w[:, i1:] -= eb.t() @ hinv[i0:i1, i1:]
-    return out
+                wt[i1:].addmm_(hinv[i0:i1, i1:].t(), eb, alpha=-1.0)
+    return out.t().contiguous()

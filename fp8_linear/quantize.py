@@ -135,6 +135,31 @@ def expand_scale(scale: torch.Tensor, shape: tuple[int, ...] | torch.Size) -> to
     )
 
 
+#: e4m3fn bits ``s eeee mmm`` placed as fp16 bits ``s 0eeee mmm0000000`` read 2**-8 times the value
+#: (normals and subnormals alike: fp16's exponent bias is 8 more than e4m3's).
+_E4M3_VIA_FP16_SHIFT, _E4M3_VIA_FP16_FACTOR = 7, 256.0
+_E4M3_NAN_BITS = 0x7F
+
+
+def fp8_to_float32(q: torch.Tensor) -> torch.Tensor:
+    """``q.to(torch.float32)`` for an FP8 tensor (any shape), bitwise; a new tensor.
+
+    On CPU, torch converts ``float8_e4m3fn`` element by element (~10 ms per million values on a
+    2-core host); this moves the bits into fp16 with integer ops instead (exact: every e4m3 value is
+    an fp16 value) and converts that, ~4x faster. NaN (``0x7F``/``0xFF``) is restored explicitly.
+    """
+    if q.dtype != torch.float8_e4m3fn or q.device.type != "cpu":
+        return q.to(torch.float32)
+    b = q.view(torch.uint8).to(torch.int16)
+    mag = b & 0x7F
+    bits = ((b & 0x80) << 8) | (mag << _E4M3_VIA_FP16_SHIFT)
+    out = bits.view(torch.float16).to(torch.float32).mul_(_E4M3_VIA_FP16_FACTOR)
+    nan = mag == _E4M3_NAN_BITS
+    if bool(nan.any()):
+        out[nan] = float("nan")
+    return out
+
+
 def _is_group_scale(s: torch.Tensor, shape: tuple[int, ...]) -> bool:
     """True when ``s`` is a 1x128-group scale ``[..., ceil(K/128)]`` of a tensor of ``shape`` (read as
     :func:`expand_scale` reads it)."""
@@ -308,4 +333,4 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype 
     if not isinstance(scale, torch.Tensor):
         raise TypeError(f"scale: expected a torch.Tensor, got {type(scale).__name__}")
     _check_same_device(scale, q, "scale", "q")
-    return scale_(q.to(SCALE_DTYPE), scale).to(out_dtype)
+    return scale_(fp8_to_float32(q), scale).to(out_dtype)

@@ -13,7 +13,7 @@ import weakref
 
 import torch
 
-from ..quantize import scale_
+from ..quantize import fp8_to_float32, scale_
 from .base import Backend, GemmProblem
 
 #: Default memory budget of :func:`weight_cache` (fp32 copies; 4x the FP8 weights they stand for).
@@ -54,12 +54,12 @@ def _dequantize_b(problem: GemmProblem) -> torch.Tensor:
     global _cache_room
     b, sb = problem.b, problem.scale_b
     if _cache is None:
-        return scale_(b.to(torch.float32), sb)
+        return scale_(fp8_to_float32(b), sb)
     hit = _cache.get(id(b))
     vb, vs = _version(b), _version(sb)
     if hit is not None and hit[0]() is b and hit[1] == vb and hit[2]() is sb and hit[3] == vs and vb is not None:
         return hit[4]
-    out = scale_(b.to(torch.float32), sb)
+    out = scale_(fp8_to_float32(b), sb)
     if hit is not None:
         _cache.pop(id(b))
         _cache_room += hit[4].numel() * hit[4].element_size()
@@ -82,7 +82,7 @@ class EmulatedBackend(Backend):
         return True, "takes every problem"
 
     def run(self, problem: GemmProblem) -> torch.Tensor:
-        a = scale_(problem.a.to(torch.float32), problem.scale_a)
+        a = scale_(fp8_to_float32(problem.a), problem.scale_a)
         out = a @ _dequantize_b(problem).t()
         if problem.bias is not None:
             out = out + problem.bias.to(torch.float32)

@@ -104,3 +104,16 @@ def test_scale_in_place_is_bitwise_the_expanded_product(shape, granularity, divi
     q_ref = torch.clamp(x / e, -448.0, 448.0).to(torch.float8_e4m3fn)
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
     assert torch.equal(dequantize_fp8(q, s), q.float() * e)
+
+
+def test_fp8_to_float32_every_bit_pattern():
+    from fp8_linear.quantize import fp8_to_float32
+
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        q = torch.arange(256, dtype=torch.uint8).view(dtype).reshape(16, 16)
+        got, ref = fp8_to_float32(q), q.to(torch.float32)
+        assert got.dtype == torch.float32 and got.shape == ref.shape
+        assert torch.equal(got.isnan(), ref.isnan())
+        keep = ~ref.isnan()
+        assert torch.equal(got.view(torch.int32)[keep], ref.view(torch.int32)[keep])  # signed zeros too
+        assert torch.equal(fp8_to_float32(q.t()).nan_to_num(7.0), ref.t().nan_to_num(7.0))  # strided input
