@@ -629,15 +629,18 @@ __device__ __forceinline__ void retire_oldest(uint64_t* empty, int& rel, int lan
 // tiles t = first_tile, first_tile + tile_step, ... as ONE stream of k-blocks g = 0 .. total - 1
 // (tile g / num_kb, k-block g % num_kb): mainloop_double's two-accumulator loop (a0: even g, a1: odd
 // g; issue g, wait_group 1, retire and promote g - 1), run across tile boundaries. When g - 1 was a
-// tile's last k-block, that tile's epilogue runs right there, while k-block g (the next tile's first)
-// is in flight: the tensor core keeps working through the epilogue and never drains between tiles.
+// tile's last k-block, the next tile's k-blocks g and g + 1 are put in flight and that tile's epilogue
+// runs under them: the tensor core keeps working through the epilogue and never drains between
+// tiles. Needs num_kb >= 2 (launch_one runs config 7's kernel for K <= 128).
 // ptxas constraints (nvcc 13.0), why the code looks the way it does:
 //  - the halves are written out with fixed accumulator roles (a lambda over swapped accumulators
 //    serializes the wgmmas, C7514);
-//  - exactly one wgmma group is in flight at the loop head and at every join: where paths with
-//    different groups in flight join (e.g. two k-blocks issued before the epilogue on one path only),
-//    ptxas injects a full wait (C7517) or serializes everything (C7514);
-//  - no __trap() in the consumer path (it, too, made ptxas serialize the wgmmas).
+//  - wherever paths join, the same wgmma groups are in flight in the same order (the gotos land right
+//    after the other half's issue, where that holds); joins of different in-flight states made ptxas
+//    inject a full wait before the epilogue (C7517) or serialize every wgmma (C7514);
+//  - no __trap() in the consumer path (it, too, made ptxas serialize the wgmmas);
+//  - the epilogue recomputes its pointers and thread indices per tile (opaque asm copies): hoisted out
+//    of the loop for each of the epilogue's copies they spilled (24-216 bytes).
 template <int BN, int FA, int FB>
 __device__ __forceinline__ void consumer_stream(const SmemLayout<BN, false>& L, const EpiParams& ep,
                                                 const CUtensorMap* tma_out, int cw, int first_tile, int num_tiles,
@@ -648,7 +651,6 @@ __device__ __forceinline__ void consumer_stream(const SmemLayout<BN, false>& L, 
   const int tid = threadIdx.x % kWgThreads;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int bar_id = 1 + cw;  // this warpgroup's named barrier (128 threads)
   float* vec = L.sVec + cw * 2 * BN;
   uint8_t* ctile = L.sC + cw * (C::kCTile / 2);
   const uint8_t* sA = L.sA + cw * 64 * kBK;  // this warpgroup's 64 rows of every A stage
@@ -676,20 +678,22 @@ __device__ __forceinline__ void consumer_stream(const SmemLayout<BN, false>& L, 
   auto end_tile = [&]() {
     // Opaque copies of the staging pointers: the epilogue's shared-memory addresses are then computed
     // per tile, not hoisted out of the loop for each of its copies (which spilled, 216 bytes).
+    // The same for the thread's indices (read again from %tid.x): fewer values live across the loop.
     float* vec_t = vec;
     uint8_t* ctile_t = ctile;
     asm volatile("" : "+l"(vec_t), "+l"(ctile_t));
-    finish_tile<BN, false>(fin, ep, pf, vec_t, ctile_t, tma_out, tile_row0 + lr0, col_base, lr0, lane, tid, bar_id,
+    uint32_t tx;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tx));
+    const int tid_t = static_cast<int>(tx) % kWgThreads, lane_t = tid_t % 32;
+    const int lr0_t = (tid_t / 32) * 16 + lane_t / 4;
+    finish_tile<BN, false>(fin, ep, pf, vec_t, ctile_t, tma_out, tile_row0 + lr0_t, col_base, lr0_t, lane_t, tid_t,
+                           static_cast<int>(tx) / kWgThreads /* = 1 + cw: this warpgroup's named barrier */,
                            tile_row0);
   };
-  // After promoting k-block g - 1: if it was tile t's last, that tile's epilogue (while k-block g runs)
-  // and the start of the next tile.
-  auto next_if_tile_done = [&]() {
-    if (--kb_left == 0) {
-      end_tile();
-      t += tile_step;
-      begin_tile();
-    }
+  auto next_tile = [&]() {  // tile t's epilogue, then the start of the next tile
+    end_tile();
+    t += tile_step;
+    begin_tile();
   };
   auto issue_a0 = [&]() { issue_next_kblock<BN, FA, FB, S, C::kStageA, C::kStageB>(a0, sA, sB, L.full, iss); };
   auto issue_a1 = [&]() { issue_next_kblock<BN, FA, FB, S, C::kStageA, C::kStageB>(a1, sA, sB, L.full, iss); };
@@ -697,10 +701,14 @@ __device__ __forceinline__ void consumer_stream(const SmemLayout<BN, false>& L, 
   // The stream's last k-block is retired and promoted, and the last epilogue run, inside the half that
   // owns it: a shared tail after the loop would let the compiler merge the two promotions through a
   // register copy between the accumulators, and ptxas then serializes every wgmma (C7514).
+  // At a tile boundary the half also issues the next tile's SECOND k-block (it exists: num_kb >= 2)
+  // before the epilogue, so two k-blocks run under it, and then continues in the other half right
+  // after that half's issue (goto), where the same two k-blocks are in flight in the same order.
   begin_tile();
   issue_a0();  // g = 0
   for (int g = 1;; ++g) {
-    if (g == total) {  // k-block g - 1 (in a0) is the stream's last
+    // a0: k-block g - 1 in flight.
+    if (g == total) {  // k-block g - 1 is the stream's last
       wgmma_wait<0>();
       retire_oldest<S>(L.empty, rel, lane);
       promote<BN, 1>(fin, a0);
@@ -708,11 +716,19 @@ __device__ __forceinline__ void consumer_stream(const SmemLayout<BN, false>& L, 
       break;
     }
     issue_a1();  // k-block g
+  wait_a0:       // a0: k-block g - 1, a1: k-block g, both in flight
     wgmma_wait<1>();
     retire_oldest<S>(L.empty, rel, lane);
     promote<BN, 1>(fin, a0);  // k-block g - 1
-    next_if_tile_done();
-    if (++g == total) {  // k-block g - 1 (in a1) is the stream's last
+    if (--kb_left == 0) {     // g - 1 was tile t's last: k-blocks g, g + 1 (the next tile's 0, 1) run
+      issue_a0();             // under its epilogue
+      next_tile();
+      ++g;
+      goto wait_a1;
+    }
+    ++g;
+    // a1: k-block g - 1 in flight.
+    if (g == total) {
       wgmma_wait<0>();
       retire_oldest<S>(L.empty, rel, lane);
       promote<BN, 1>(fin, a1);
@@ -720,10 +736,16 @@ __device__ __forceinline__ void consumer_stream(const SmemLayout<BN, false>& L, 
       break;
     }
     issue_a0();  // k-block g
+  wait_a1:       // a1: k-block g - 1, a0: k-block g, both in flight
     wgmma_wait<1>();
     retire_oldest<S>(L.empty, rel, lane);
     promote<BN, 1>(fin, a1);  // k-block g - 1
-    next_if_tile_done();
+    if (--kb_left == 0) {
+      issue_a1();
+      next_tile();
+      ++g;
+      goto wait_a0;
+    }
   }
   if (tid == 0) bulk_wait0();  // the last TMA store has completed before the CTA exits
 }
@@ -784,6 +806,11 @@ constexpr auto kernel_of() {
 template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL = false, bool OVL = false>
 const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
   using C = TileCfg<BN, SWAP>;
+  if constexpr (OVL) {
+    // consumer_stream issues a tile's second k-block early: a one-k-block tile (K <= 128) runs config 7's
+    // kernel instead (nothing to overlap there anyway).
+    if (la.K <= kBK) return launch_one<BN, SWAP, NACC, CL, FA, FB, DBL, false>(la, stream);
+  }
   auto kernel = kernel_of<BN, SWAP, NACC, CL, FA, FB, DBL, OVL>();
   // Once per instance and device (not on every launch: later calls, CUDA graph capture included, see
   // only the launch).

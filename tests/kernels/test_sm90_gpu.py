@@ -196,9 +196,10 @@ def test_long_k_promotion_fp32(cfg):
 
 # --------------------------------------------------------------- several tiles per CTA
 #: More 128-wide tiles than an H100/H200 has SMs (132), so the persistent CTAs walk 2-3 tiles each and
-#: cross tile boundaries inside one launch (config 9 carries its k-block pipeline across them); one,
-#: an odd and an even number of k-blocks per tile, with M / N / K tails.
-MULTI_TILE = [(2048, 2056, 128), (2100, 1800, 1040), (1700, 2300, 1280)]
+#: cross tile boundaries inside one launch (config 9 carries its k-block pipeline across them); 1, 2,
+#: an odd and an even number of k-blocks per tile, with M / N / K tails. (Config 9 runs config 7's
+#: kernel for K <= 128.)
+MULTI_TILE = [(2048, 2056, 128), (2048, 2056, 256), (2100, 1800, 1040), (1700, 2300, 1280)]
 
 
 @pytest.mark.parametrize("m, n, k", MULTI_TILE)
