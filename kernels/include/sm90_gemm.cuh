@@ -9,7 +9,7 @@
 // DBL: two such accumulators per consumer WG, k-block i+1 issued before k-block i is retired and
 // promoted (the large-M default, config 7). CL = 2: a 2-CTA cluster shares (multicasts) the B tile.
 // OVL (config 9, fp8_gemm_sm90_overlap_kernel): DBL with the pipeline carried across tiles: the next
-// tile's first k-block is in flight while the finished tile's epilogue runs (no drain between tiles).
+// tile's first two k-blocks are in flight while the finished tile's epilogue runs (no drain between tiles).
 // Epilogue: scales, bias and the cast, staged in shared memory (stmatrix for 16-bit outputs) and
 // written with TMA stores; direct clipped stores where TMA cannot take the output.
 // SWAP: the caller passed (B, A) as the kernel's (A, B) so that a large N sits on wgmma's M side
@@ -588,8 +588,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 // across tile boundaries (consumer_stream). Config 7 drains its pipeline at the end of every tile
 // (wait_group 0) and then runs the epilogue with no MMA of its own queued: measured as about 2
 // k-blocks of tensor-core time per tile (NOTES.md v8). Here the next tile's first k-block is issued
-// before the finished tile's last one is retired, and the epilogue (scales, bias, cast, stmatrix
-// staging, TMA store; all on `fin`, which no wgmma touches) runs while it executes.
+// before the finished tile's last one is retired, its second right after, and the epilogue (scales,
+// bias, cast, stmatrix staging, TMA store; all on `fin`, which no wgmma touches) runs while they execute.
 //
 // Stage ring, per consumer warpgroup: `iss` = (stage, phase) of the next k-block to issue (waited on
 // full[]), `rel` = stage of the oldest k-block still in flight (arrived on empty[] once its wgmmas
@@ -768,8 +768,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = threadIdx.x / kWgThreads;
 
   if (threadIdx.x == 0) init_stage_barriers<S, 1>(&tma_a, &tma_b, L.full, L.empty);
-  __syncthreads();
+  __syncthreads();  // the stage barriers are initialised before anyone waits on or arrives at them
   if (wg == 0) {
+    // Producer: fills the stages in the order the consumers' streams take them (tile by tile).
     setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
       producer_loop<BN, 1, S, C::kStageA, C::kStageB, C::kStage>(&tma_a, &tma_b, L.sA, L.sB, L.full, L.empty,
