@@ -1,6 +1,7 @@
 """Time calibrating + quantizing SmolLM2-135M (32 samples x 512 tokens of the bundled text) on this machine.
 
     python benchmarks/calibration_time.py [--schemes fp8-channel ...] [--samples 32] [--seq-len 512] [--no-gptq]
+                                          [--calib-dtype bfloat16] [--threads N]
                                           [--out benchmarks/results/calibration_time_<date>.txt]
 
 For each preset, ``quantize_model`` runs on a fresh copy of the model, exactly as a user calls it
@@ -24,6 +25,7 @@ import torch
 
 import fp8_linear
 from fp8_linear.calibration import quantize as qmod
+from fp8_linear.cli import pick_threads
 from fp8_linear.models import load_model
 
 #: The issue's bar for 32 x 512 tokens on a 2-core CPU.
@@ -60,6 +62,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--no-gptq", action="store_true")
+    ap.add_argument("--calib-dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="dtype of the calibration forwards (the model and evaluation stay fp32)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: the free cores, as fp8-linear)")
     ap.add_argument("--out", default=None, help="also write the printed lines to this file")
     args = ap.parse_args()
     lines = []
@@ -68,6 +73,7 @@ def main() -> None:
         print(s, flush=True)
         lines.append(s)
 
+    torch.set_num_threads(pick_threads(args.threads))
     t0 = time.perf_counter()
     model, tok = load_model("smollm2")
     say(f"# {datetime.datetime.now().isoformat(timespec='seconds')}  torch {torch.__version__}, threads "
@@ -80,10 +86,12 @@ def main() -> None:
         load = os.getloadavg()[0]
         t0 = time.perf_counter()
         fp8_linear.quantize_model(q, None, scheme, tokenizer=tok, max_samples=args.samples, seq_len=args.seq_len,
-                                  progress=False, gptq=False if args.no_gptq else None)
+                                  progress=False, gptq=False if args.no_gptq else None,
+                                  calib_dtype=getattr(torch, args.calib_dtype))
         dt = time.perf_counter() - t0
         n = sum(isinstance(m, fp8_linear.FP8Linear) for m in q.modules())
         say(f"calibrate+quantize SmolLM2-135M, {scheme}, gptq={not args.no_gptq}, {args.samples} x {args.seq_len} tokens, "
+            f"calibration forwards in {args.calib_dtype}, "
             f"{n} layers: {dt:.1f} s (calibrate {timer.t['calibrate']:.1f} s, weights {timer.t['prepare_weights']:.1f} s; "
             f"bar {BAR_S:.0f} s: {'PASS' if dt < BAR_S else 'FAIL'}); load average at start {load:.2f}")
         del q

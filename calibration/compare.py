@@ -113,6 +113,7 @@ def compare_schemes(
     checkpoint_dir: str | os.PathLike | None = None,
     output_dir: str | os.PathLike | None = None,
     progress: bool = True,
+    calib_dtype: torch.dtype | None = None,
 ) -> ComparisonTable:
     """Quantize ``model`` with each scheme and compare them against the unquantized model.
 
@@ -133,6 +134,8 @@ def compare_schemes(
             that is removed at the end.
         output_dir: if given, the table (``comparison.md/.csv/.json``) and PNG plots are written there.
         progress: tqdm progress bars.
+        calib_dtype: dtype of the calibration forwards (``None`` = the model's; ``torch.bfloat16`` is
+            ~3x faster on a CPU with AMX); evaluation always runs in the model's dtype.
 
     Returns:
         a :class:`~fp8_linear.calibration.report.ComparisonTable`: baseline row first, one row per scheme.
@@ -150,12 +153,14 @@ def compare_schemes(
         raise ValueError(f"schemes: expected distinct scheme names, got {names}")
     dtype = next(model.parameters()).dtype
     targets = select_linears(model, ignore)
-    notes = {"eval_dtype": str(dtype).replace("torch.", ""), "gptq": gptq, "schemes": {s.name: s.__dict__ for s in schemes}}
+    notes = {"eval_dtype": str(dtype).replace("torch.", ""), "calib_dtype": str(calib_dtype or dtype).replace("torch.", ""),
+             "gptq": gptq, "schemes": {s.name: s.__dict__ for s in schemes}}
     observers, t_cal = None, 0.0
     if gptq or any(s.static for s in schemes):
         t0 = time.perf_counter()
         batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size)
-        observers = calibrate(model, targets, batches, progress=progress, histogram=needs_histogram(schemes), hessian=gptq)
+        observers = calibrate(model, targets, batches, progress=progress, histogram=needs_histogram(schemes), hessian=gptq,
+                              dtype=calib_dtype)
         t_cal = time.perf_counter() - t0
         notes.update(calib_samples=sum(b.input_ids.shape[0] for b in batches), calib_tokens=sum(b.num_tokens for b in batches),
                      calibrate_s=round(t_cal, 2))

@@ -13,6 +13,7 @@ several schemes:
 
 from __future__ import annotations
 
+import copy
 import re
 import warnings
 from collections.abc import Iterable
@@ -114,6 +115,7 @@ def calibrate(
     observers: dict[str, ActivationObserver] | None = None,
     histogram: bool = True,
     hessian: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> dict[str, ActivationObserver]:
     """Run ``batches`` through ``model`` and observe the input of every module in ``targets``.
 
@@ -127,6 +129,9 @@ def calibrate(
             observers; costs about as much as the forward pass itself on a CPU).
         hessian: also accumulate ``H = sum x x^T`` per distinct layer input (``observer.hessian``),
             for GPTQ error compensation (:mod:`fp8_linear.calibration.gptq`).
+        dtype: run the forwards on a copy of the model in this dtype (e.g. ``torch.bfloat16``: about
+            3x faster than fp32 on a CPU with AMX); statistics are still kept in fp32/fp64. ``None``
+            (default): the model as it is. The model itself is never changed.
 
     Returns:
         one :class:`ActivationObserver` per target name. Padding positions (``attention_mask == 0``)
@@ -156,8 +161,13 @@ def calibrate(
 
         return hook
 
-    handles = [m.register_forward_pre_hook(make_hook(n), with_kwargs=True) for n, m in targets.items()]
     runner = _forward_target(model, targets)
+    hooked = targets
+    if dtype is not None and dtype != next(model.parameters()).dtype:
+        skip = 0 if runner is model else len(model.base_model_prefix) + 1  # names relative to the runner
+        runner = copy.deepcopy(runner).to(dtype)
+        hooked = {n: runner.get_submodule(n[skip:]) for n in targets}
+    handles = [m.register_forward_pre_hook(make_hook(n), with_kwargs=True) for n, m in hooked.items()]
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     batches = list(batches) if not isinstance(batches, list) else batches
     was_training = model.training
@@ -289,6 +299,7 @@ def quantize_model(
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: bool = True,
     gptq: bool | None = None,
+    calib_dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """Quantize a transformers model to FP8 in place and return it.
 
@@ -308,6 +319,7 @@ def quantize_model(
             the calibration inputs; scales and checkpoint format are unchanged. ``None`` (default):
             on whenever there is calibration data to use (always for static schemes; for dynamic
             schemes when ``calib_data`` or a ``tokenizer`` is given).
+        calib_dtype: dtype of the calibration forwards (``calibrate``'s ``dtype``; ``None`` = the model's).
 
     Returns:
         ``model``, with every selected ``nn.Linear`` replaced by an ``FP8Linear``.
@@ -323,7 +335,8 @@ def quantize_model(
     observers = None
     if scheme.static or gptq:
         batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size)
-        observers = calibrate(model, targets, batches, progress=progress, histogram=needs_histogram([scheme]), hessian=gptq)
+        observers = calibrate(model, targets, batches, progress=progress, histogram=needs_histogram([scheme]), hessian=gptq,
+                              dtype=calib_dtype)
     with torch.no_grad():
         return apply_quantization(model, targets, scheme, observers, gptq=gptq)
 

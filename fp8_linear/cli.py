@@ -175,6 +175,12 @@ def _load(model_spec, dtype_name: str, args=None):
     return model, tok
 
 
+def _calib_dtype(args):
+    import torch
+
+    return {None: None, "float32": torch.float32, "bfloat16": torch.bfloat16}[args.calib_dtype]
+
+
 def _scheme(args):
     from .scheme import resolve_scheme
 
@@ -192,7 +198,7 @@ def cmd_quantize(args) -> int:
     t0 = time.perf_counter()
     fp8_linear.quantize_model(model, calib, _scheme(args), tokenizer=tok, ignore=tuple(args.ignore),
                               max_samples=args.samples, seq_len=args.seq_len, batch_size=args.batch_size,
-                              progress=not args.quiet, gptq=False if args.no_gptq else None)
+                              progress=not args.quiet, gptq=False if args.no_gptq else None, calib_dtype=_calib_dtype(args))
     dt = time.perf_counter() - t0
     path = save_quantized(model, args.output, tokenizer=tok, overwrite=args.overwrite)
     n = sum(isinstance(m, fp8_linear.FP8Linear) for m in model.modules())
@@ -231,7 +237,7 @@ def cmd_compare(args) -> int:
         model, read_data(args.data), schemes, read_data(args.calib), tokenizer=tok, ignore=tuple(args.ignore),
         max_samples=args.samples, seq_len=args.seq_len, batch_size=args.batch_size, eval_windows=args.windows,
         eval_seq_len=args.eval_seq_len, gptq=not args.no_gptq, save_reload=not args.no_save_reload, checkpoint_dir=args.checkpoints,
-        output_dir=args.output, progress=not args.quiet,
+        output_dir=args.output, progress=not args.quiet, calib_dtype=_calib_dtype(args),
     )
     print(table)
     print(f"\nbaseline: the unquantized model in {table.notes['eval_dtype']}; "
@@ -270,6 +276,9 @@ def _calib_args(p: argparse.ArgumentParser) -> None:
                    help="override the preset's activation observer")
     p.add_argument("--no-gptq", action="store_true",
                    help="round weights to nearest instead of GPTQ error compensation (faster, less accurate)")
+    p.add_argument("--calib-dtype", choices=("float32", "bfloat16"), default=None,
+                   help="dtype of the calibration forwards (default: --dtype); bfloat16 runs ~3x faster on CPUs "
+                        "with AMX, the statistics are still kept in fp32")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -36,3 +37,22 @@ def test_save_reload_in_place_matches_copies_and_restores_model(tiny_llama, tmp_
         for k in ("perplexity", "kl", "top1_agreement", "mean_sqnr_db"):
             assert a[k] == b[k], (a["scheme"], k)
     assert all((tmp_path / s / "config.json").is_file() for s in SCHEMES)
+
+
+def test_bf16_calibration_forwards_leave_model_and_match_fp32(tiny_llama):
+    from fp8_linear.calibration import calibrate, select_linears
+    from fp8_linear.calibration.data import materialize_batches
+
+    g = torch.Generator().manual_seed(5)
+    batches = materialize_batches([torch.randint(0, 64, (40,), generator=g) for _ in range(8)], seq_len=40, batch_size=4)
+    targets = select_linears(tiny_llama)
+    ref = calibrate(tiny_llama, targets, batches, progress=False, histogram=False, hessian=True)
+    got = calibrate(tiny_llama, targets, batches, progress=False, histogram=False, hessian=True, dtype=torch.bfloat16)
+    assert all(p.dtype == torch.float32 for p in tiny_llama.parameters())
+    assert all(not m._forward_pre_hooks for m in tiny_llama.modules())
+    for n in targets:
+        assert got[n].count == ref[n].count
+        assert got[n].max == pytest.approx(ref[n].max, rel=0.05)  # bf16 forwards: ~1% apart
+        assert got[n].hessian.h.dtype == torch.float64
+        rel = float((got[n].hessian.h - ref[n].hessian.h).norm() / ref[n].hessian.h.norm())
+        assert rel < 0.05, (n, rel)
