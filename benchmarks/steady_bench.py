@@ -1,0 +1,72 @@
+"""Steady-state A/B timing of our sm90 kernel (auto config) against cuBLASLt per-tensor.
+
+The H200 changes its clock with power draw: a kernel timed right after a cooler phase (a slower
+kernel, BF16, a pause) runs faster for tens of milliseconds (benchmarks/NOTES.md, v8 and run G).
+Here each candidate first runs alone for ``--burn`` seconds, then is timed for ``--rep`` ms, so
+both sides are measured in the same (power-limited) steady state; candidates alternate A/B/B/A and
+the best of the rounds' medians is reported for each.
+
+Usage: python benchmarks/steady_bench.py [--burn 0.5] [--rep 400] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+
+from fp8_linear.backends.sm90 import kernels_module  # noqa: E402
+
+SHAPES = [(8192, 8192, 8192), (4096, 28672, 4096), (2048, 6144, 4096), (8192, 8192, 28672), (4096, 10240, 8192)]
+
+
+def main() -> int:
+    from triton.testing import do_bench
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--burn", type=float, default=0.5, help="seconds of the candidate alone before timing it")
+    ap.add_argument("--rep", type=int, default=400, help="do_bench rep in ms")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    kern = kernels_module()
+    e4, bf = torch.float8_e4m3fn, torch.bfloat16
+    rows = []
+    print(f"{'M':>6}{'N':>7}{'K':>7} | {'ours':>6} {'cuBLASLt':>8} | ratio   (TFLOPS, steady state)", flush=True)
+    for m, n, k in SHAPES:
+        a = torch.randn(m, k, device="cuda").to(e4)
+        b = torch.randn(n, k, device="cuda").to(e4)
+        s1, s2 = torch.tensor([0.7], device="cuda"), torch.tensor([1.3], device="cuda")
+        fns = {"ours": lambda: kern.sm90_gemm(a, b, s1, s2, None, bf),
+               "cublas": lambda: torch._scaled_mm(a, b.t(), scale_a=s1.reshape(()), scale_b=s2.reshape(()), out_dtype=bf)}
+        times = {key: [] for key in fns}
+        for rnd in range(args.rounds):
+            for key in (("ours", "cublas") if rnd % 2 == 0 else ("cublas", "ours")):
+                fn = fns[key]
+                t0 = time.perf_counter()
+                while time.perf_counter() - t0 < args.burn:
+                    for _ in range(20):
+                        fn()
+                    torch.cuda.synchronize()
+                times[key].append(do_bench(fn, warmup=20, rep=args.rep, return_mode="median"))
+        tf = {key: 2 * m * n * k / (min(ts) * 1e-3) / 1e12 for key, ts in times.items()}
+        rows.append({"M": m, "N": n, "K": k, "ms": times, "tflops": tf, "ratio": tf["ours"] / tf["cublas"]})
+        print(f"{m:>6}{n:>7}{k:>7} | {tf['ours']:6.0f} {tf['cublas']:8.0f} | {tf['ours'] / tf['cublas']:.3f}", flush=True)
+    g = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
+    print(f"geomean ours/cuBLASLt over {len(rows)} shapes: {g:.3f}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"rows": rows, "geomean": g, "burn_s": args.burn, "rep_ms": args.rep}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
