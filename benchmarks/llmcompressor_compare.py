@@ -19,6 +19,7 @@ ids the parent wrote, and saves a compressed-tensors checkpoint. The child impor
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
 import datetime
 import json
@@ -128,6 +129,7 @@ def main() -> None:
     evalb = eval_batches(tok, max_windows=args.windows)
     models, timing = {BASELINE: model}, {}
     work = tempfile.mkdtemp(prefix="fp8-vs-llmcompressor-")
+    atexit.register(shutil.rmtree, work, True)  # six checkpoints, ~1.3 GB: removed however the run ends
 
     schemes = [resolve_scheme(s) for s in OURS]
     t0 = time.perf_counter()
