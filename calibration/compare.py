@@ -30,6 +30,7 @@ from .evaluate import (
     eval_batches,
     evaluate_models,
     is_causal_lm,
+    paired_delta_se,
 )
 from .quantize import (
     DEFAULT_IGNORE,
@@ -206,6 +207,9 @@ def compare_schemes(
                **extra.get(name, {})}
         if base_ppl is not None:
             row["ppl_delta_pct"] = 100.0 * (r.perplexity / base_ppl - 1.0)
+            se = paired_delta_se(r, results[base]) if name != base else None
+            if se is not None:
+                row["ppl_delta_se_pct"] = 100.0 * (r.perplexity / base_ppl) * se
         table.rows.append(row)
         if r.layer_sqnr_db:
             table.layer_sqnr_db[name] = r.layer_sqnr_db

@@ -42,6 +42,8 @@ class EvalResult:
     name: str
     perplexity: float | None = None
     nll: float | None = None
+    #: Causal LMs: mean next-token NLL (nats) of each eval window, in batch order (for paired errors).
+    window_nll: list[float] = field(default_factory=list)
     tokens: int = 0
     top1_agreement: float | None = None
     kl: float | None = None
@@ -165,7 +167,9 @@ def evaluate_models(
                 if causal:
                     logp = torch.log_softmax(out.logits[:, :-1].float(), dim=-1).cpu()
                     tgt = b.input_ids[:, 1:]
-                    nll[n] -= float(logp.gather(-1, tgt.unsqueeze(-1)).sum())
+                    tok_logp = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)  # [B, T-1]
+                    nll[n] -= float(tok_logp.sum())
+                    res[n].window_nll.extend((-tok_logp.double().mean(-1)).tolist())
                     if ref_out is None:
                         ref_out, ref_p, ref_top = logp, logp.exp(), logp.argmax(-1)
                     else:
@@ -190,6 +194,21 @@ def evaluate_models(
             r.tokens = sentences
             r.embedding_cosine = cos[n] / sentences
     return res
+
+
+def paired_delta_se(model: EvalResult, base: EvalResult) -> float | None:
+    """Standard error (nats) of the mean per-window NLL difference ``model - base``.
+
+    Both results must come from the same eval windows (one :func:`evaluate_models` call). With equal
+    windows, ``perplexity(model) / perplexity(base) = exp(mean difference)``, so ``100 * ratio * SE``
+    is the standard error of the "ppl vs base %" column. ``None`` with fewer than 2 windows.
+    """
+    d = [m - b for m, b in zip(model.window_nll, base.window_nll)]
+    if len(d) < 2 or len(model.window_nll) != len(base.window_nll):
+        return None
+    mean = sum(d) / len(d)
+    var = sum((x - mean) ** 2 for x in d) / (len(d) - 1)
+    return math.sqrt(var / len(d))
 
 
 def _combine_db(values: list[float]) -> float:

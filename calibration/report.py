@@ -17,6 +17,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "scheme": ("scheme", "{}"),
     "perplexity": ("ppl", "{:.4f}"),
     "ppl_delta_pct": ("ppl vs base %", "{:+.3f}"),
+    # standard error of that column over the eval windows (paired with the baseline, same windows)
+    "ppl_delta_se_pct": ("+- SE %", "{:.3f}"),
     "top1_agreement": ("top-1 agree", "{:.4f}"),
     "kl": ("KL (nats/token)", "{:.5f}"),
     "embedding_cosine": ("emb. cosine", "{:.6f}"),
