@@ -150,9 +150,10 @@ def busy_elsewhere() -> float:
     return min(load, max(0, running))
 
 
-def pick_threads(requested: int = 0) -> int:
+def pick_threads(requested: int = 0, busy: float | None = None) -> int:
     """Torch intra-op threads for this run: ``requested`` when > 0, else the cores other processes
-    leave free (``cpu_count - busy_elsewhere()``, at least 1, at most torch's default).
+    leave free (``cpu_count - busy``, ``busy`` defaulting to :func:`busy_elsewhere`; at least 1, at
+    most torch's default).
 
     On a shared CPU, a thread pool larger than the free cores stalls at every op's barrier: on a
     2-core machine with a load of ~6, one thread ran SmolLM2's forward 2x faster than two; on an
@@ -163,16 +164,17 @@ def pick_threads(requested: int = 0) -> int:
 
     if requested > 0:
         return requested
-    free = (os.cpu_count() or 1) - busy_elsewhere()
+    free = (os.cpu_count() or 1) - (busy_elsewhere() if busy is None else busy)
     return max(1, min(torch.get_num_threads(), int(free + 0.5)))
 
 
 def _set_threads(args) -> None:
     import torch
 
-    n = pick_threads(getattr(args, "threads", 0) or 0)
+    busy = busy_elsewhere()  # read once: the number printed is the one the choice used
+    n = pick_threads(getattr(args, "threads", 0) or 0, busy)
     torch.set_num_threads(n)
-    print(f"torch threads: {n} (cpus {os.cpu_count()}, busy elsewhere {busy_elsewhere():.1f})", file=sys.stderr)
+    print(f"torch threads: {n} (cpus {os.cpu_count()}, busy elsewhere {busy:.1f})", file=sys.stderr)
 
 
 def _load(model_spec, dtype_name: str, args=None):
