@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: build, SASS check, tests, sanitizers, benchmark. Stages chosen by args:
-#   benchmarks/device_run.sh build tests quickbench bench sanitize
+#   benchmarks/device_run.sh build tests quickbench bench steady host sanitize
 # Logs go to $OUT (or ./out).
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -72,6 +72,15 @@ jit=importlib.import_module(kernels_module().__name__+'.jit'); t=time.perf_count
           python3 -P benchmarks/profile_one.py --config "$c" > "$OUT/ncusrc-cfg$c.csv" 2>&1
         echo "ncu source config $c: rc=$? lines $(wc -l < "$OUT/ncusrc-cfg$c.csv")"
       done
+      ;;
+    steady)
+      # steady-state A/B (each candidate alone 0.4 s, then timed): STEADY_SET (five|judged), STEADY_CONFIGS
+      timeout 420 python3 -P benchmarks/steady_bench.py --set "${STEADY_SET:-judged}" --configs "${STEADY_CONFIGS:-}" \
+        --burn 0.4 --rep 300 --rounds 2 --json "$OUT/steady-${BENCH_TAG:-run}.json" 2>&1 | tee "$OUT/steady.txt"
+      ;;
+    host)
+      # host-side microseconds per decode-size call, piece by piece (+ a profiler table)
+      timeout 120 python3 -P benchmarks/host_overhead.py --profile 2>&1 | tee "$OUT/host.txt"
       ;;
     bench)
       timeout 540 python3 benchmarks/gemm.py --rep "${BENCH_REP:-25}" --rounds "${BENCH_ROUNDS:-3}" --configs "${BENCH_CONFIGS:-}" --out "$OUT" \

@@ -6,7 +6,11 @@ Here each candidate first runs alone for ``--burn`` seconds, then is timed for `
 both sides are measured in the same (power-limited) steady state; candidates alternate A/B/B/A and
 the best of the rounds' medians is reported for each.
 
-Usage: python benchmarks/steady_bench.py [--burn 0.5] [--rep 400] [--rounds 2]
+Usage: python benchmarks/steady_bench.py [--set five|judged] [--configs 7,10] [--burn 0.5] [--rep 400]
+       [--rounds 2] [--json out.json]
+
+``--set judged`` is issue 4's set (the 27 shapes of benchmarks/gemm.py with M >= 2048);
+``--configs`` adds forced kernel configs as further candidates (same data, same rotation).
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ if str(ROOT) not in sys.path:
 
 from fp8_linear.backends.sm90 import kernels_module  # noqa: E402
 
-SHAPES = [(8192, 8192, 8192), (4096, 28672, 4096), (2048, 6144, 4096), (8192, 8192, 28672), (4096, 10240, 8192)]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from gemm import shape_set  # noqa: E402
+
+FIVE = [(8192, 8192, 8192), (4096, 28672, 4096), (2048, 6144, 4096), (8192, 8192, 28672), (4096, 10240, 8192)]
 
 
 def main() -> int:
@@ -37,20 +44,28 @@ def main() -> int:
     ap.add_argument("--rep", type=int, default=400, help="do_bench rep in ms")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", default="")
+    ap.add_argument("--set", choices=("five", "judged"), default="five")
+    ap.add_argument("--configs", default="", help="comma-separated forced config ids to time as well")
     args = ap.parse_args()
+    shapes = FIVE if args.set == "five" else [(m, n, k) for _, m, n, k in shape_set(False) if m >= 2048]
+    forced = [int(c) for c in args.configs.split(",") if c.strip()]
     kern = kernels_module()
     e4, bf = torch.float8_e4m3fn, torch.bfloat16
     rows = []
-    print(f"{'M':>6}{'N':>7}{'K':>7} | {'ours':>6} {'cuBLASLt':>8} | ratio   (TFLOPS, steady state)", flush=True)
-    for m, n, k in SHAPES:
+    extra = "".join(f" {'cfg' + str(c):>6}" for c in forced)
+    print(f"{'M':>6}{'N':>7}{'K':>7} | {'ours':>6} {'cuBLASLt':>8}{extra} | ratio   (TFLOPS, steady state)", flush=True)
+    for m, n, k in shapes:
         a = torch.randn(m, k, device="cuda").to(e4)
         b = torch.randn(n, k, device="cuda").to(e4)
         s1, s2 = torch.tensor([0.7], device="cuda"), torch.tensor([1.3], device="cuda")
         fns = {"ours": lambda: kern.sm90_gemm(a, b, s1, s2, None, bf),
                "cublas": lambda: torch._scaled_mm(a, b.t(), scale_a=s1.reshape(()), scale_b=s2.reshape(()), out_dtype=bf)}
+        for c in forced:
+            fns[f"cfg{c}"] = lambda c=c: kern.sm90_gemm(a, b, s1, s2, None, bf, c)
         times = {key: [] for key in fns}
+        order = list(fns)
         for rnd in range(args.rounds):
-            for key in (("ours", "cublas") if rnd % 2 == 0 else ("cublas", "ours")):
+            for key in (order if rnd % 2 == 0 else order[::-1]):
                 fn = fns[key]
                 t0 = time.perf_counter()
                 while time.perf_counter() - t0 < args.burn:
@@ -60,9 +75,14 @@ def main() -> int:
                 times[key].append(do_bench(fn, warmup=20, rep=args.rep, return_mode="median"))
         tf = {key: 2 * m * n * k / (min(ts) * 1e-3) / 1e12 for key, ts in times.items()}
         rows.append({"M": m, "N": n, "K": k, "ms": times, "tflops": tf, "ratio": tf["ours"] / tf["cublas"]})
-        print(f"{m:>6}{n:>7}{k:>7} | {tf['ours']:6.0f} {tf['cublas']:8.0f} | {tf['ours'] / tf['cublas']:.3f}", flush=True)
+        ex = "".join(f" {tf[f'cfg{c}']:6.0f}" for c in forced)
+        print(f"{m:>6}{n:>7}{k:>7} | {tf['ours']:6.0f} {tf['cublas']:8.0f}{ex} | {tf['ours'] / tf['cublas']:.3f}", flush=True)
+        del a, b
     g = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
     print(f"geomean ours/cuBLASLt over {len(rows)} shapes: {g:.3f}")
+    for c in forced:
+        gc = math.exp(sum(math.log(r["tflops"][f"cfg{c}"] / r["tflops"]["cublas"]) for r in rows) / len(rows))
+        print(f"geomean config {c}/cuBLASLt over {len(rows)} shapes: {gc:.3f}")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"rows": rows, "geomean": g, "burn_s": args.burn, "rep_ms": args.rep}, indent=1))
     return 0
