@@ -33,7 +33,8 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(6, 192, False, 1),  # 128 x 192 tile: less shared-memory and L2 traffic per FLOP
     KernelConfig(7, 128, False, 1, 1, True),  # 0 with two accumulators (wgmma.wait_group 1)
     KernelConfig(8, 128, False, 1, 2, True),  # 7 on 2-CTA clusters, B multicast: 8% slower than 7 (run 13)
-    KernelConfig(9, 128, False, 1, 1, True, True),  # 7 + epilogue overlapped with the next tile (v9; not yet run)
+    KernelConfig(9, 128, False, 1, 1, True, True),  # 7 + epilogue overlapped with the next tile (v9; slower)
+    KernelConfig(10, 144, False, 1, 1, True),  # 7 on a 128 x 144 tile (v10)
 )
 
 #: Config for M > 64 when no candidate below is better (the large-M workhorse): 128 x 128 with two

@@ -19,7 +19,9 @@ namespace fp8sm90 {
 //   8  : (128, false, 1, 2)   as 7 on 2-CTA clusters, B tile multicast
 //   9  : (128, false, 1, 1)   as 7 with the pipeline carried across tiles: the next tile's first two
 //                             k-blocks are issued before this tile's epilogue (not selected; NOTES v9)
-enum { kNumConfigs = 10 };
+//   10 : (144, false, 1, 1)   as 7 on a 128 x 144 tile (the tile cuBLASLt picks for most large shapes):
+//                             6% less operand traffic per FLOP, other wave counts; consumers at 240 registers
+enum { kNumConfigs = 11 };
 
 struct GemmArgs {
   const void* a;  // [M, K] fp8, K-contiguous

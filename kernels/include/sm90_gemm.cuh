@@ -46,12 +46,20 @@ struct EpiParams {
   int tma_store;  // 1: epilogue through shared memory + TMA store (non-swap, N * esize % 16 == 0)
 };
 
+// Columns of a BN-wide tile that go through the TMA-store staging buffer: whole 64-column (128-byte
+// 16-bit swizzle row) blocks; the rest (BN % 64, e.g. 16 of BN = 144) is stored straight from registers.
+template <int BN>
+constexpr int staged_cols() {
+  return BN / 64 * 64;
+}
+
 template <int BN, bool SWAP>
 struct TileCfg {
   static constexpr int kStageA = kBM * kBK;
   static constexpr int kStageB = BN * kBK;
   static constexpr int kStage = kStageA + kStageB;
-  static constexpr int kCTile = SWAP ? 0 : 2 * 64 * BN * 2;  // per consumer WG: 64 x BN 16-bit (fp32: 2 passes)
+  // per consumer WG: 64 x staged_cols 16-bit (fp32: 64-column passes)
+  static constexpr int kCTile = SWAP ? 0 : 2 * 64 * staged_cols<BN>() * 2;
   static constexpr int kVec = 2 * 2 * BN * 4;                // per consumer WG: column scale + column bias
   static constexpr int kBarBytes = 2 * 8 * 16;
   static constexpr int kStagesFit = (kSmemLimit - 1024 - kCTile - kVec - kBarBytes) / kStage;
@@ -60,6 +68,19 @@ struct TileCfg {
   static_assert(kStages >= 4, "too few stages");
   static_assert(kStageB % 1024 == 0, "B stage must keep 1024-byte alignment");
   static_assert(kSmem <= kSmemLimit, "shared memory");
+  static_assert(SWAP || staged_cols<BN>() >= 64, "the fp32 epilogue stages 64-column passes");
+};
+
+// setmaxnreg split (register file: 64K 32-bit registers per SM, 384 threads at 168 on entry): the
+// producer warpgroup gives registers to the two consumer warpgroups. A 128 x 144 tile with two
+// accumulators holds 3 x 72 accumulator registers per consumer thread: consumers 240, producer 24
+// (128 x 24 + 256 x 240 = 64512); otherwise consumers 232, producer 40.
+template <int BN, bool DBL>
+struct RegSplit {
+  static constexpr bool kWide = DBL && BN > 128;
+  static constexpr int kConsumer = kWide ? 240 : 232;
+  static constexpr int kProducer = kWide ? 24 : 40;
+  static_assert(128 * kProducer + 256 * kConsumer <= 65536, "register file");
 };
 
 __device__ __forceinline__ void tile_coords(int t, int num_m, int num_n, int& mb, int& nb) {
@@ -169,7 +190,7 @@ __device__ __forceinline__ void stage_tile_16bit(const float (&acc)[BN / 2], con
   const int q_l = lane / 8;
   const int row_l = 16 * warp + 8 * (q_l % 2) + lane % 8;  // this lane's stmatrix row address
 #pragma unroll
-  for (int j0 = 0; j0 < BN / 8; j0 += 2) {
+  for (int j0 = 0; j0 < staged_cols<BN>() / 8; j0 += 2) {  // the staged columns only
     uint32_t r[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -204,10 +225,9 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
       // then one thread stores it with TMA, which clips rows >= M and columns >= N.
       const int lc = 2 * (lane % 4);
       if (ep.out_kind == 0) {
-        // fp32: 64 columns (two 32-column swizzle blocks, 16 KiB) per pass.
-        static_assert(BN % 64 == 0, "TMA-store epilogue needs BN % 64 == 0");
+        // fp32: 64 columns (two 32-column swizzle blocks, 16 KiB) per pass, over the staged columns.
 #pragma unroll
-        for (int h = 0; h < BN / 64; ++h) {
+        for (int h = 0; h < staged_cols<BN>() / 64; ++h) {
           if (h > 0) {
             if (tid == 0) bulk_wait_read0();
             named_bar_sync(bar_id, 128);
@@ -247,11 +267,31 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
         named_bar_sync(bar_id, 128);
         if (tid == 0 && tile_row0 < ep.M) {
 #pragma unroll
-          for (int sub = 0; sub < BN / W; ++sub) {
+          for (int sub = 0; sub < staged_cols<BN>() / W; ++sub) {
             const int gc = col_base + sub * W;
             if (gc < ep.N) tma_store_2d(tma_out, ctile + sub * (64 * 128), gc, tile_row0);
           }
           bulk_commit();
+        }
+      }
+      if constexpr (staged_cols<BN>() < BN) {
+        // The tile's last BN % 64 columns: clipped stores straight from registers (disjoint from the
+        // TMA-stored columns; N * esize % 16 == 0 on this path, so column pairs are aligned).
+        const int col0 = col_base + 2 * (lane % 4);
+#pragma unroll
+        for (int j = staged_cols<BN>() / 8; j < BN / 8; ++j) {
+          const int c = col0 + 8 * j;
+          if (c >= ep.N) continue;
+          const int lcol = c - col_base;
+          const float s0 = vs[lcol], s1 = vs[lcol + 1], b0 = vb[lcol], b1 = vb[lcol + 1];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int r = row0 + 8 * i;
+            if (r >= ep.M) continue;
+            const float v0 = acc[4 * j + 2 * i] * (pf.row_scale[i] * s0) + b0;
+            const float v1 = acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1;
+            store_two(ep.out, ep.out_kind, static_cast<long>(r) * ep.N + c, v0, v1);
+          }
         }
       }
       return;
@@ -524,14 +564,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer
-    setmaxnreg_dec<40>();
+    setmaxnreg_dec<RegSplit<BN, DBL>::kProducer>();
     if (threadIdx.x == 0) {
       producer_loop<BN, CL, S, C::kStageA, C::kStageB, C::kStage>(&tma_a, &tma_b, sA, sB, full, empty, first_tile,
                                                                   num_tiles, tile_step, num_mp, num_n, num_kb, rank);
     }
   } else {
     // ------------------------------------------------------------ consumers
-    setmaxnreg_inc<232>();
+    setmaxnreg_inc<RegSplit<BN, DBL>::kConsumer>();
     const int cw = wg - 1;
     const int tid = threadIdx.x % 128;
     const int warp = tid / 32;
@@ -880,15 +920,16 @@ const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
     case 7: return launch_one<128, false, 1, 1, FA, FB, true>(la, stream);
     case 8: return launch_one<128, false, 1, 2, FA, FB, true>(la, stream);
     case 9: return launch_one<128, false, 1, 1, FA, FB, true, true>(la, stream);
+    case 10: return launch_one<144, false, 1, 1, FA, FB, true>(la, stream);
     default: return "unknown kernel config";
   }
 }
 
 // Tile width and operand order of each config (host side).
 inline void config_shape(int config, int& bn, bool& swap, int& cluster) {
-  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192, 128, 128, 128};
-  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false, false, false, false};
-  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1, 1, 2, 1};
+  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192, 128, 128, 128, 144};
+  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false, false, false, false, false};
+  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1, 1, 2, 1, 1};
   bn = kBN[config];
   swap = kSwap[config];
   cluster = kCluster[config];

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pathlib
 
-NS = (16, 32, 64, 128, 192, 256)
+NS = (16, 32, 64, 128, 144, 192, 256)
 FMTS = (("e4m3", 0), ("e5m2", 1))
 
 
