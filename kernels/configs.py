@@ -42,11 +42,18 @@ CONFIGS: tuple[KernelConfig, ...] = (
 #: FP8_LINEAR_SM90_CONFIG=0.
 LARGE_M_CONFIG = 7
 
-#: Large-M candidates (config id, throughput per tile-FLOP relative to config 0 on full waves, as
-#: measured on an H200; benchmarks/NOTES.md). select_config estimates each one's time as
-#: waves x tile FLOPs / throughput and takes the fastest, so a wider tile wins only where its
-#: coarser wave and tile quantization costs less than its per-FLOP gain.
-LARGE_M_CANDIDATES: tuple[tuple[int, float], ...] = ((LARGE_M_CONFIG, 1.107), (6, 1.086))  # run 12
+#: Large-M candidates: (config id, throughput per tile-FLOP relative to config 0 on full waves,
+#: per-tile overhead in k-block equivalents: the tile's prologue, pipeline drain and epilogue), as
+#: measured on an H200 (benchmarks/NOTES.md v8, v10). select_config estimates each one's time as
+#: waves x tile width x (k-blocks + overhead) / throughput and takes the fastest, so a wider tile wins
+#: only where its coarser waves and costlier epilogue cost less than its per-FLOP gain. Config 10's
+#: pair (1.037 x config 7's throughput, 3.1 k-blocks vs config 7's 2) is the least-squares fit to the
+#: 27-shape steady-state run 16; config 7's 2 k-blocks is v8's measured tile-boundary cost.
+LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
+    (LARGE_M_CONFIG, 1.107, 2.0),  # run 12
+    (6, 1.086, 2.0),  # run 12
+    (10, 1.107 * 1.037, 3.1),  # run 16 (steady state)
+)
 
 #: Environment override: force one config id for every problem (benchmarks, debugging).
 ENV_CONFIG = "FP8_LINEAR_SM90_CONFIG"
@@ -58,12 +65,15 @@ def tiles(config: KernelConfig, m: int, n: int) -> int:
     return -(-rows_a // (BLOCK_M * config.cluster)) * -(-rows_b // config.block_n) * config.cluster
 
 
-def estimated_cost(config: KernelConfig, m: int, n: int, rel_throughput: float, num_sms: int = 132) -> float:
-    """Relative time of an ``m x n`` output on ``config``: waves of the persistent grid times the
-    FLOPs of one tile, over the config's relative per-FLOP throughput (K cancels out)."""
+def estimated_cost(config: KernelConfig, m: int, n: int, rel_throughput: float, num_sms: int = 132,
+                   k: int = BLOCK_K, tile_overhead_kb: float = 0.0) -> float:
+    """Relative time of an ``m x n x k`` problem on ``config``: waves of the persistent grid times the
+    time of one tile, ``BLOCK_M x block_n x (k-blocks + tile_overhead_kb)`` over the config's relative
+    per-FLOP throughput (with no overhead, K cancels out between candidates)."""
     grid = max(num_sms // config.cluster * config.cluster, config.cluster)
     waves = -(-tiles(config, m, n) // grid)
-    return waves * BLOCK_M * config.block_n / rel_throughput
+    num_kb = -(-k // BLOCK_K)
+    return waves * BLOCK_M * config.block_n * (num_kb + tile_overhead_kb) / rel_throughput
 
 
 def select_config(m: int, n: int, k: int, num_sms: int = 132) -> KernelConfig:
@@ -71,7 +81,7 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132) -> KernelConfig:
 
     Decode-like M (<= 64) puts N on wgmma's M side (swap A/B) with the narrowest tile that covers M,
     so no tensor-core work is spent on padding rows. Otherwise the fastest of LARGE_M_CANDIDATES by
-    :func:`estimated_cost` (128 x 128 with two accumulators, or 128 x 192).
+    :func:`estimated_cost` (128 x 128 or 128 x 144 with two accumulators, or 128 x 192).
     """
     if m <= 0 or n <= 0 or k <= 0:
         raise ValueError(f"select_config: empty problem m={m}, n={n}, k={k}")
@@ -91,8 +101,8 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132) -> KernelConfig:
     if m <= 64:
         return CONFIGS[3]
     best, best_cost = CONFIGS[LARGE_M_CONFIG], float("inf")
-    for cid, rel in LARGE_M_CANDIDATES:
-        cost = estimated_cost(CONFIGS[cid], m, n, rel, num_sms)
+    for cid, rel, overhead in LARGE_M_CANDIDATES:
+        cost = estimated_cost(CONFIGS[cid], m, n, rel, num_sms, k, overhead)
         if cost < best_cost:
             best, best_cost = CONFIGS[cid], cost
     return best

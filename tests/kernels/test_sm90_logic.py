@@ -118,15 +118,22 @@ def test_select_config(m, cid, bn, swap, monkeypatch):
 
 
 def test_select_config_wave_model(monkeypatch):
-    """The 128 x 192 tile wins only where its coarser waves cost less than its per-FLOP difference
-    (run 12 measurements)."""
+    """A wider tile wins only where its coarser waves and costlier epilogue cost less than its per-FLOP
+    gain (runs 12 and 16)."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
-    c7, c6 = configs.CONFIGS[7], configs.CONFIGS[6]
+    c7, c6, c10 = configs.CONFIGS[7], configs.CONFIGS[6], configs.CONFIGS[10]
     # 8192^3: 4096 tiles = 31.03 waves of 132 (32 launched) vs 64 x 43 = 2752 tiles = 20.85 (21)
+    # vs 64 x 57 = 3648 tiles = 27.6 (28)
     assert configs.tiles(c7, 8192, 8192) == 4096 and configs.tiles(c6, 8192, 8192) == 64 * 43
+    assert configs.tiles(c10, 8192, 8192) == 64 * 57
     assert configs.estimated_cost(c7, 8192, 8192, 1.0) == 32 * 128 * 128
     assert configs.estimated_cost(c6, 8192, 8192, 1.0) == 21 * 128 * 192
-    assert configs.select_config(8192, 8192, 8192).id == 7
+    assert configs.estimated_cost(c7, 8192, 8192, 1.0, k=8192, tile_overhead_kb=2.0) == 32 * 128 * 128 * 66
+    assert configs.select_config(8192, 8192, 8192).id == 10
+    # same 4 waves for 128- and 144-wide tiles: the narrower one finishes first
+    assert configs.select_config(2048, 4096, 4096).id == 7
+    # long K: the 144-wide tile's per-FLOP gain outweighs its costlier epilogue
+    assert configs.select_config(4096, 8192, 28672).id == 10
     # M = 512, N = 6144: 192 tiles of 128 x 128 need 2 waves, 128 tiles of 128 x 192 one
     assert configs.select_config(512, 6144, 4096).id == 6
     # one wave either way (few tiles): the narrower tile finishes first
