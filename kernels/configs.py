@@ -35,6 +35,7 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(8, 128, False, 1, 2, True),  # 7 on 2-CTA clusters, B multicast: 8% slower than 7 (run 13)
     KernelConfig(9, 128, False, 1, 1, True, True),  # 7 + epilogue overlapped with the next tile (v9; slower)
     KernelConfig(10, 144, False, 1, 1, True),  # 7 on a 128 x 144 tile (v10)
+    KernelConfig(11, 144, False, 1, 2, True),  # 10 on 2-CTA clusters, B multicast (v11)
 )
 
 #: Config for M > 64 when no candidate below is better (the large-M workhorse): 128 x 128 with two

@@ -76,6 +76,29 @@ const char* make_out_map(CUtensorMap* map, void* ptr, int M, int N, int out_kind
   return msg;
 }
 
+// Map of the tile strip (the last bn % 64 columns of a tile, see staged_cols in sm90_gemm.cuh): box
+// (bn % 64) columns x 64 rows of [M, N] `out_kind`, no swizzle (the strip is staged row-major).
+const char* make_strip_map(CUtensorMap* map, void* ptr, int M, int N, int out_kind, int strip_cols) {
+  auto fn = encode_fn();
+  if (fn == nullptr) return "cuTensorMapEncodeTiled not found through cudaGetDriverEntryPointByVersion";
+  const int esize = out_kind == 0 ? 4 : 2;
+  const CUtensorMapDataType dt = out_kind == 0   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                 : out_kind == 1 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  cuuint64_t dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M)};
+  cuuint64_t strides[1] = {static_cast<cuuint64_t>(N) * esize};
+  cuuint32_t box[2] = {static_cast<cuuint32_t>(strip_cols), 64};
+  cuuint32_t estr[2] = {1, 1};
+  if (reinterpret_cast<uintptr_t>(map) % 64 != 0) return "tensor map storage is not 64-byte aligned";
+  CUresult r = fn(map, dt, 2, ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                  CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r == CUDA_SUCCESS) return nullptr;
+  thread_local char msg[256];
+  snprintf(msg, sizeof(msg), "cuTensorMapEncodeTiled failed (CUresult %d) for the output strip: M %d N %d kind %d cols %d",
+           static_cast<int>(r), M, N, out_kind, strip_cols);
+  return msg;
+}
+
 }  // namespace
 
 const char* gemm(const GemmArgs& g, cudaStream_t stream) {
@@ -137,6 +160,9 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
                         : 0;
   if (la.ep.tma_store) {
     if (const char* e = make_out_map(&la.tma_out, g.out, g.M, g.N, g.out_kind)) return e;
+    if (bn % 64 != 0) {
+      if (const char* e = make_strip_map(&la.ep.tma_strip, g.out, g.M, g.N, g.out_kind, bn % 64)) return e;
+    }
   }
 
   if (fa == 0 && fb == 0) return launch_fmt<0, 0>(la, stream);

@@ -21,7 +21,8 @@ namespace fp8sm90 {
 //                             k-blocks are issued before this tile's epilogue (not selected; NOTES v9)
 //   10 : (144, false, 1, 1)   as 7 on a 128 x 144 tile (the tile cuBLASLt picks for most large shapes):
 //                             6% less operand traffic per FLOP, other wave counts; consumers at 240 registers
-enum { kNumConfigs = 11 };
+//   11 : (144, false, 1, 2)   as 10 on 2-CTA clusters, B tile multicast (cuBLASLt's 144 x 128, cluster 1x2)
+enum { kNumConfigs = 12 };
 
 struct GemmArgs {
   const void* a;  // [M, K] fp8, K-contiguous

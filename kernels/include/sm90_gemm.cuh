@@ -37,6 +37,11 @@ constexpr int kSmemLimit = 227 * 1024;
 constexpr int kGroupM = 16;  // tile raster: groups of kGroupM row-blocks, column-major inside a group
 
 struct EpiParams {
+  // TMA store map of a tile's register strip (its last BN % 64 columns, see staged_cols): box
+  // (BN % 64) columns x 64 rows, no swizzle; unused (zero) for BN % 64 == 0. First member: 64-byte
+  // alignment; the kernels take EpiParams as a __grid_constant__ parameter so its address is valid
+  // for TMA.
+  CUtensorMap tma_strip;
   void* out;
   const float* sa;  // scale of the output's rows (m)
   const float* sb;  // scale of the output's columns (n)
@@ -46,11 +51,17 @@ struct EpiParams {
   int tma_store;  // 1: epilogue through shared memory + TMA store (non-swap, N * esize % 16 == 0)
 };
 
-// Columns of a BN-wide tile that go through the TMA-store staging buffer: whole 64-column (128-byte
-// 16-bit swizzle row) blocks; the rest (BN % 64, e.g. 16 of BN = 144) is stored straight from registers.
+// Columns of a BN-wide tile that go through the swizzled TMA-store staging buffer: whole 64-column
+// (128-byte 16-bit swizzle row) blocks. The rest, the "strip" (BN % 64 columns, e.g. 16 of BN = 144),
+// is staged unswizzled right after them (64 rows x BN % 64 x up to 4 bytes) and stored with its own
+// tensor map (EpiParams::tma_strip).
 template <int BN>
 constexpr int staged_cols() {
   return BN / 64 * 64;
+}
+template <int BN>
+constexpr int strip_bytes() {  // per consumer warpgroup
+  return 64 * (BN % 64) * 4;
 }
 
 template <int BN, bool SWAP>
@@ -59,7 +70,7 @@ struct TileCfg {
   static constexpr int kStageB = BN * kBK;
   static constexpr int kStage = kStageA + kStageB;
   // per consumer WG: 64 x staged_cols 16-bit (fp32: 64-column passes)
-  static constexpr int kCTile = SWAP ? 0 : 2 * 64 * staged_cols<BN>() * 2;
+  static constexpr int kCTile = SWAP ? 0 : 2 * (64 * staged_cols<BN>() * 2 + strip_bytes<BN>());
   static constexpr int kVec = 2 * 2 * BN * 4;                // per consumer WG: column scale + column bias
   static constexpr int kBarBytes = 2 * 8 * 16;
   static constexpr int kStagesFit = (kSmemLimit - 1024 - kCTile - kVec - kBarBytes) / kStage;
@@ -224,6 +235,33 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
       // Stage the 64 x BN tile in shared memory with the 128-byte swizzle (conflict-free writes),
       // then one thread stores it with TMA, which clips rows >= M and columns >= N.
       const int lc = 2 * (lane % 4);
+      uint8_t* strip = ctile + 64 * staged_cols<BN>() * 2;
+      if constexpr (staged_cols<BN>() < BN) {
+        // The strip (last BN % 64 columns), row-major unswizzled: row pitch (BN % 64) x esize bytes.
+        constexpr int kW = BN % 64;
+#pragma unroll
+        for (int j = staged_cols<BN>() / 8; j < BN / 8; ++j) {
+          const int c = 8 * j + lc;
+          const int cs = c - staged_cols<BN>();
+          const float s0 = vs[c], s1 = vs[c + 1], b0 = vb[c], b1 = vb[c + 1];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int r = lr0 + 8 * i;
+            const float v0 = acc[4 * j + 2 * i] * (pf.row_scale[i] * s0) + b0;
+            const float v1 = acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1;
+            if (ep.out_kind == 0) *reinterpret_cast<float2*>(strip + r * kW * 4 + cs * 4) = make_float2(v0, v1);
+            else if (ep.out_kind == 1) *reinterpret_cast<uint32_t*>(strip + r * kW * 2 + cs * 2) = pack_16bit<true>(v0, v1);
+            else *reinterpret_cast<uint32_t*>(strip + r * kW * 2 + cs * 2) = pack_16bit<false>(v0, v1);
+          }
+        }
+      }
+      // tid 0, after the first staging barrier: the strip's TMA store (clipped like the others).
+      auto store_strip = [&]() {
+        if constexpr (staged_cols<BN>() < BN) {
+          const int gc = col_base + staged_cols<BN>();
+          if (gc < ep.N) tma_store_2d(&ep.tma_strip, strip, gc, tile_row0);
+        }
+      };
       if (ep.out_kind == 0) {
         // fp32: 64 columns (two 32-column swizzle blocks, 16 KiB) per pass, over the staged columns.
 #pragma unroll
@@ -256,6 +294,7 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
               const int gc = col_base + 64 * h + 32 * sub;
               if (gc < ep.N) tma_store_2d(tma_out, ctile + sub * (64 * 128), gc, tile_row0);
             }
+            if (h == 0) store_strip();
             bulk_commit();
           }
         }
@@ -271,27 +310,8 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
             const int gc = col_base + sub * W;
             if (gc < ep.N) tma_store_2d(tma_out, ctile + sub * (64 * 128), gc, tile_row0);
           }
+          store_strip();
           bulk_commit();
-        }
-      }
-      if constexpr (staged_cols<BN>() < BN) {
-        // The tile's last BN % 64 columns: clipped stores straight from registers (disjoint from the
-        // TMA-stored columns; N * esize % 16 == 0 on this path, so column pairs are aligned).
-        const int col0 = col_base + 2 * (lane % 4);
-#pragma unroll
-        for (int j = staged_cols<BN>() / 8; j < BN / 8; ++j) {
-          const int c = col0 + 8 * j;
-          if (c >= ep.N) continue;
-          const int lcol = c - col_base;
-          const float s0 = vs[lcol], s1 = vs[lcol + 1], b0 = vb[lcol], b1 = vb[lcol + 1];
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int r = row0 + 8 * i;
-            if (r >= ep.M) continue;
-            const float v0 = acc[4 * j + 2 * i] * (pf.row_scale[i] * s0) + b0;
-            const float v1 = acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1;
-            store_two(ep.out, ep.out_kind, static_cast<long>(r) * ep.N + c, v0, v1);
-          }
         }
       }
       return;
@@ -531,7 +551,7 @@ template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const __grid_constant__ CUtensorMap tma_out, int rows_a, int rows_b, int K,
-                         const EpiParams ep) {
+                         const __grid_constant__ EpiParams ep) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   using C = TileCfg<BN, SWAP>;
   constexpr int S = C::kStages;
@@ -794,7 +814,7 @@ template <int BN, int FA, int FB>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_sm90_overlap_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                  const __grid_constant__ CUtensorMap tma_out, int rows_a, int rows_b, int K,
-                                 const EpiParams ep) {
+                                 const __grid_constant__ EpiParams ep) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   using C = TileCfg<BN, false>;
   constexpr int S = C::kStages;
@@ -921,15 +941,16 @@ const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
     case 8: return launch_one<128, false, 1, 2, FA, FB, true>(la, stream);
     case 9: return launch_one<128, false, 1, 1, FA, FB, true, true>(la, stream);
     case 10: return launch_one<144, false, 1, 1, FA, FB, true>(la, stream);
+    case 11: return launch_one<144, false, 1, 2, FA, FB, true>(la, stream);
     default: return "unknown kernel config";
   }
 }
 
 // Tile width and operand order of each config (host side).
 inline void config_shape(int config, int& bn, bool& swap, int& cluster) {
-  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192, 128, 128, 128, 144};
-  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false, false, false, false, false};
-  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1, 1, 2, 1, 1};
+  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192, 128, 128, 128, 144, 144};
+  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false, false, false, false, false, false};
+  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1, 1, 2, 1, 1, 2};
   bn = kBN[config];
   swap = kSwap[config];
   cluster = kCluster[config];

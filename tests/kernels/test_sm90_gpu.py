@@ -179,9 +179,9 @@ def test_every_config(cfg, m, n, k, out_dtype):
 
 
 # --------------------------------------------------------------- tiles wider than the staged columns
-#: Configs whose tile width is not a multiple of 64 (config 10: 128 x 144) store the last BN % 64
-#: columns of each tile straight from registers next to the TMA store of the rest: N values whose last
-#: tile ends inside, exactly at, or before that register-stored strip; M tails; every output dtype.
+#: Configs whose tile width is not a multiple of 64 (configs 10, 11: 128 x 144) stage the last BN % 64
+#: columns of each tile (the strip) unswizzled and store them through a second tensor map: N values
+#: whose last tile ends inside, exactly at, or before the strip; M tails; every output dtype.
 WIDE_CFGS = [c.id for c in configs.CONFIGS if not c.swap_ab and c.block_n % 64]
 
 
@@ -189,7 +189,7 @@ WIDE_CFGS = [c.id for c in configs.CONFIGS if not c.swap_ab and c.block_n % 64]
 @pytest.mark.parametrize("m, n, k", [(130, 280, 1040), (256, 288, 256), (200, 4096, 512), (2100, 6144, 384),
                                      (64, 136, 128), (129, 8, 16), (333, 1304, 4096)])
 @pytest.mark.parametrize("out_dtype", OUTS)
-def test_wide_tile_register_strip(cfg, m, n, k, out_dtype):
+def test_wide_tile_strip(cfg, m, n, k, out_dtype):
     _case(m, n, k, E4, E4, "row", "row", torch.bfloat16, out_dtype, config=cfg)
 
 
