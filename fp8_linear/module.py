@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import fast_path
 from .errors import ScaleError, ShapeError
 from .formats import FP8_DTYPES, SCALE_DTYPE, format_name, resolve_format, scale_from_amax
 from .gemm import make_problem, run_problem
@@ -126,6 +127,12 @@ class FP8Linear(nn.Module):
             raise ValueError(f"x: expected device {self.weight.device} (that of weight), got {x.device}")
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
+        if x.is_cuda and not torch.compiler.is_compiling():
+            # Eager CUDA: quantize + sm90 GEMM in one host call when the generic path would take sm90
+            # anyway (bitwise the same result; fp8_linear/fast_path.py); None: not eligible.
+            out = fast_path.forward(self, x2)
+            if out is not None:
+                return out.reshape(*lead, self.out_features)
         fp8 = self.weight.dtype
         if self.input_scale is not None:
             q, sa = quantize_unchecked(x2, fp8, self.input_scale), self.input_scale
@@ -147,6 +154,7 @@ class FP8Linear(nn.Module):
             validate_scale(self.input_scale, (1,), "input_scale")
 
     def _apply(self, fn, recurse=True):
+        fast_path.forget(self)  # tensors move or change: decide the fast path again
         keep = [p for p in (self.weight, self.weight_scale, self.input_scale) if p is not None]
 
         def keep_dtype(t):

@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
+#include "act_quant.h"
 #include "sm90_api.h"
 
 namespace {
@@ -70,11 +71,111 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
   TORCH_CHECK(err == nullptr, "sm90_gemm: ", err ? err : "");
 }
 
+int act_kind(const at::Tensor& x, const char* name) {
+  switch (x.scalar_type()) {
+    case at::kFloat: return fp8act::kF32;
+    case at::kBFloat16: return fp8act::kBF16;
+    case at::kHalf: return fp8act::kF16;
+    default: TORCH_CHECK(false, name, ": expected float32, bfloat16 or float16, got ", x.scalar_type());
+  }
+  return -1;
+}
+
+// Quantize x [rows, K] (last dim contiguous, any row stride) into the preallocated contiguous fp8 `q`
+// [rows, K]; `scale` is read (static, [1]) or written (token [rows, 1], group [rows, ceil(K/128)]).
+void act_quant_into(const at::Tensor& x, at::Tensor& q, at::Tensor& scale, int64_t mode, double fmt_max,
+                    double min_scale) {
+  TORCH_CHECK(x.is_cuda() && q.device() == x.device() && scale.device() == x.device(),
+              "act_quant: x, q and scale must be on one CUDA device, got ", x.device(), ", ", q.device(), " and ",
+              scale.device());
+  TORCH_CHECK(x.dim() == 2, "act_quant: x must be 2-D [rows, K], got ", x.dim(), " dims");
+  TORCH_CHECK(x.size(1) <= 1 || x.stride(1) == 1, "act_quant: x must have a contiguous last dim, got strides ",
+              x.strides());
+  TORCH_CHECK(q.is_contiguous() && q.sizes() == x.sizes(), "act_quant: q must be a contiguous ", x.sizes());
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous(), "act_quant: scale must be contiguous float32");
+  const int64_t rows = x.size(0), K = x.size(1);
+  const int64_t want = mode == fp8act::kStatic ? 1 : mode == fp8act::kToken ? rows
+                                                     : rows * ((K + fp8act::kGroupSize - 1) / fp8act::kGroupSize);
+  TORCH_CHECK(scale.numel() == want, "act_quant: scale must have ", want, " elements for mode ", mode, ", got ",
+              scale.numel());
+  fp8act::ActQuantArgs a{};
+  a.x = x.data_ptr();
+  a.x_kind = act_kind(x, "x");
+  a.rows = rows;
+  a.K = K;
+  a.row_stride = rows > 1 ? x.stride(0) : K;
+  a.q = q.data_ptr();
+  a.fmt = fmt_code(q, "q");
+  a.scale = scale.data_ptr<float>();
+  a.mode = static_cast<int>(mode);
+  a.fmt_max = static_cast<float>(fmt_max);
+  a.min_scale = static_cast<float>(min_scale);
+  const char* err = fp8act::act_quant(a, at::cuda::getCurrentCUDAStream(x.device().index()));
+  TORCH_CHECK(err == nullptr, "act_quant: ", err ? err : "");
+}
+
+// (q, scale) = quantize(x) to `fp8` (0 = e4m3, 1 = e5m2); `scale` is the static [1] scale (mode 0)
+// or None (dynamic modes: new [rows, 1] / [rows, ceil(K/128)] scales are returned).
+std::tuple<at::Tensor, at::Tensor> act_quant(const at::Tensor& x, int64_t fp8, int64_t mode,
+                                              const c10::optional<at::Tensor>& scale, double fmt_max,
+                                              double min_scale) {
+  TORCH_CHECK(fp8 == 0 || fp8 == 1, "act_quant: fp8 must be 0 (e4m3) or 1 (e5m2), got ", fp8);
+  TORCH_CHECK(x.dim() == 2, "act_quant: x must be 2-D [rows, K], got ", x.dim(), " dims");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto qdtype = fp8 == 0 ? at::ScalarType::Float8_e4m3fn : at::ScalarType::Float8_e5m2;
+  at::Tensor q = at::empty(x.sizes(), x.options().dtype(qdtype));
+  at::Tensor s;
+  const int64_t rows = x.size(0), K = x.size(1);
+  if (mode == fp8act::kStatic) {
+    TORCH_CHECK(scale.has_value() && scale->defined(), "act_quant: mode 0 (static) needs a [1] scale, got None");
+    s = *scale;
+  } else if (mode == fp8act::kToken) {
+    s = at::empty({rows, 1}, x.options().dtype(at::kFloat));
+  } else {
+    s = at::empty({rows, (K + fp8act::kGroupSize - 1) / fp8act::kGroupSize}, x.options().dtype(at::kFloat));
+  }
+  act_quant_into(x, q, s, mode, fmt_max, min_scale);
+  return {q, s};
+}
+
+// FP8Linear forward in one host call: quantize x [M, K] (static per-tensor `input_scale`, or
+// per-token when it is None and act_mode == 1) to weight's FP8 format, then
+// out [M, N] = (q @ weight.T) * scale_a * weight_scale + bias in x's dtype (the gemm_out call).
+at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& input_scale,
+                      const at::Tensor& weight_scale, const c10::optional<at::Tensor>& bias, int64_t act_mode,
+                      int64_t config, double fmt_max, double min_scale) {
+  TORCH_CHECK(act_mode == fp8act::kStatic || act_mode == fp8act::kToken,
+              "linear_fwd: act_mode must be 0 (static) or 1 (per-token), got ", act_mode);
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
+              "linear_fwd: x [M, K] and weight [N, K] expected, got ", x.sizes(), " and ", weight.sizes());
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t M = x.size(0), N = weight.size(0);
+  at::Tensor q = at::empty(x.sizes(), x.options().dtype(weight.scalar_type()));
+  at::Tensor sa;
+  if (act_mode == fp8act::kStatic) {
+    TORCH_CHECK(input_scale.has_value() && input_scale->defined(), "linear_fwd: static act_mode needs input_scale");
+    sa = *input_scale;
+  } else {
+    sa = at::empty({M, 1}, x.options().dtype(at::kFloat));
+  }
+  act_quant_into(x, q, sa, act_mode, fmt_max, min_scale);
+  at::Tensor out = at::empty({M, N}, x.options());
+  gemm_out(q, weight, sa, weight_scale, bias, out, config, 0);
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_out", &gemm_out, "FP8 GEMM (sm_90a) into a preallocated output; flags bit 0: direct-store epilogue",
         pybind11::arg("a"), pybind11::arg("b"), pybind11::arg("scale_a"), pybind11::arg("scale_b"),
         pybind11::arg("bias"), pybind11::arg("out"), pybind11::arg("config"), pybind11::arg("flags") = 0);
+  m.def("act_quant", &act_quant, "Activation quantization (mode 0 static [1] scale, 1 per-token, 2 1x128 groups)",
+        pybind11::arg("x"), pybind11::arg("fp8"), pybind11::arg("mode"), pybind11::arg("scale"),
+        pybind11::arg("fmt_max"), pybind11::arg("min_scale"));
+  m.def("linear_fwd", &linear_fwd, "FP8Linear forward: activation quantization + sm90 GEMM in one call",
+        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("input_scale"), pybind11::arg("weight_scale"),
+        pybind11::arg("bias"), pybind11::arg("act_mode"), pybind11::arg("config"), pybind11::arg("fmt_max"),
+        pybind11::arg("min_scale"));
   m.attr("num_configs") = static_cast<int>(fp8sm90::kNumConfigs);
 }

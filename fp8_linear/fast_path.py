@@ -1,0 +1,187 @@
+"""FP8Linear's decode fast path on the sm90 backend: activation quantization and GEMM in one host call.
+
+At decode sizes (M = a few tokens) a Linear layer's time is the host's: the generic path walks
+validation, ``make_problem``, the backend dispatcher, the registered torch op and Triton's Python
+launcher (about 180-210 us per call on the H200 host, benchmarks/NOTES.md). When a module's GEMMs
+would go to the sm90 backend anyway, :func:`forward` instead calls the extension's ``linear_fwd``
+(``kernels/csrc/binding.cpp``): a CUDA quantization kernel (``kernels/csrc/act_quant.cu``, the
+formula of ``kernels/quant_triton.py`` bit for bit) and the same ``fp8sm90::gemm`` call with the same
+config, so outputs are bitwise those of the generic path.
+
+Taken only in eager mode (``torch.compile`` traces the registered op), on CUDA, for static
+per-tensor and dynamic per-token activations with per-tensor / per-channel weight scales. The
+eligibility is decided once per module, device and switch setting and kept on the module as a plain
+attribute (:data:`STATE_ATTR`, not a buffer); the kernel config is kept per M.
+
+Switches (read on every call, so a change takes effect at once):
+``FP8_LINEAR_FAST_PATH=0`` turns this path off; ``FP8_LINEAR_BACKEND`` other than ``sm90`` and
+``FP8_LINEAR_FUSED_QUANT=0`` turn it off too (the generic path then runs as it would without it);
+``FP8_LINEAR_SM90_CONFIG`` forces the kernel config as on the generic path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+
+import torch
+
+from .backends import BACKEND_ENV, get_backend
+from .formats import FP8_DTYPES, MIN_SCALE, fmt_max
+
+logger = logging.getLogger("fp8_linear")
+
+#: Switch: ``0`` turns the fast path off (the generic dispatch path runs).
+ENV_FAST_PATH = "FP8_LINEAR_FAST_PATH"
+#: Name of the plain attribute that caches a module's :class:`FastPathState`.
+STATE_ATTR = "_fp8_fast_path"
+#: Bias dtypes the sm90 epilogue adds as they are (others are converted by the generic path).
+BIAS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: Quantization modes of the extension (the values of kernels/quant_triton.py MODE_STATIC / MODE_TOKEN).
+MODE_STATIC, MODE_TOKEN = 0, 1
+_INT32_MAX = 2**31 - 1
+#: Pointer alignment TMA needs for the weight operand.
+_TMA_ALIGN = 16
+
+# Switch names read per call: ours, the backend override, the fused-quantization switch and the
+# config override (the last two are defined in fp8_linear.kernels, filled in on first CUDA use).
+_env_names: tuple[str, ...] | None = None
+_ext = None
+
+
+class FastPathState:
+    """A module's fast-path decision for one device and switch setting (plain data).
+
+    ``key``: ``(device, switch values)`` it was decided for; ``ok`` / ``reason``: the decision;
+    ``mode``: :data:`MODE_STATIC` or :data:`MODE_TOKEN`; ``fmt_max``: the FP8 format's maximum;
+    ``configs``: kernel config id per M, filled on use.
+    """
+
+    __slots__ = ("key", "ok", "reason", "mode", "fmt_max", "configs")
+
+    def __init__(self, key, ok: bool, reason: str, mode: int = -1, fmax: float = 0.0):
+        self.key, self.ok, self.reason, self.mode, self.fmt_max = key, ok, reason, mode, fmax
+        self.configs: dict[int, int] = {}
+
+    def __reduce__(self):
+        # A copy (deepcopy, pickle) starts undecided: the extension handle is per process.
+        return (FastPathState, (None, False, "copied, not yet decided"))
+
+
+def _kernels():
+    from .backends.sm90 import kernels_module
+
+    return kernels_module()
+
+
+def _switch_names() -> tuple[str, ...]:
+    global _env_names
+    if _env_names is None:
+        kern = _kernels()
+        quant = importlib.import_module(kern.__name__ + ".quant_triton")
+        _env_names = (ENV_FAST_PATH, BACKEND_ENV, quant.ENV_DISABLE, kern.configs.ENV_CONFIG)
+    return _env_names
+
+
+def _switches() -> tuple:
+    """The current values of the switches (None where unset), read on every call."""
+    fast, backend, fused, config = _env_names or _switch_names()
+    get = os.environ.get
+    return get(fast), get(backend), get(fused), get(config)
+
+
+def _module_reason(mod) -> tuple[int, str | None]:
+    """``(mode, None)`` when ``mod``'s tensors and scheme suit the fast path, else ``(-1, why not)``."""
+    w = mod.weight
+    if w.dtype not in FP8_DTYPES:
+        return -1, f"weight dtype {w.dtype} is not FP8"
+    n, k = w.shape
+    if k % 16 or max(n, k) > _INT32_MAX:
+        return -1, f"weight [N={n}, K={k}]: K must be a multiple of 16 and both below 2**31"
+    if not w.is_contiguous() or w.data_ptr() % _TMA_ALIGN:
+        return -1, "weight is not contiguous and 16-byte aligned"
+    ws = mod.weight_scale
+    if ws.dtype != torch.float32 or not ws.is_contiguous() or not (ws.numel() == 1 or tuple(ws.shape) == (n, 1)):
+        return -1, f"weight_scale {ws.dtype} {list(ws.shape)} is not a contiguous fp32 [1] or [{n}, 1]"
+    b = mod.bias
+    if b is not None and (b.dtype not in BIAS_DTYPES or not b.is_contiguous() or b.numel() != n):
+        return -1, f"bias {b.dtype} {list(b.shape)} is not a contiguous fp32/bf16/fp16 [{n}]"
+    s = mod.input_scale
+    if s is not None:
+        if s.dtype != torch.float32 or s.numel() != 1 or not s.is_contiguous():
+            return -1, f"input_scale {s.dtype} {list(s.shape)} is not a contiguous fp32 [1]"
+        return MODE_STATIC, None
+    if mod.scheme.activation_granularity == "token":
+        return MODE_TOKEN, None
+    return -1, f"activation granularity {mod.scheme.activation_granularity!r} (only static per-tensor or per-token)"
+
+
+def decide(mod, device: torch.device, switches: tuple | None = None) -> FastPathState:
+    """Whether ``mod`` (an FP8Linear) takes the fast path on ``device`` under the current switches.
+
+    Checks, in order: the switches, the module's scheme and tensors, then the device (CUDA, the sm90
+    backend's ``supports``) and the extension (built here on first use, as the generic path would).
+    """
+    sw = switches if switches is not None else _switches()
+    key = (device, sw)
+    fast, backend, fused, _config = sw
+    if fast == "0":
+        return FastPathState(key, False, f"turned off ({ENV_FAST_PATH}=0)")
+    if backend and backend.strip() and backend.strip() != "sm90":
+        return FastPathState(key, False, f"{BACKEND_ENV}={backend.strip()}")
+    if fused == "0":
+        return FastPathState(key, False, f"fused activation quantization turned off ({_switch_names()[2]}=0)")
+    mode, why = _module_reason(mod)
+    if why is not None:
+        return FastPathState(key, False, why)
+    device = torch.device(device)
+    if device.type != "cuda":
+        return FastPathState(key, False, f"needs a CUDA device, got {device.type}")
+    ok, why = get_backend("sm90").supports(device)
+    if not ok:
+        return FastPathState(key, False, f"sm90 backend unavailable: {why}")
+    global _ext
+    try:
+        ext = importlib.import_module(_kernels().__name__ + ".jit").load()
+    except Exception as e:  # the generic path reports the build error itself
+        return FastPathState(key, False, f"extension not loadable: {e}")
+    if not hasattr(ext, "linear_fwd"):
+        return FastPathState(key, False, "extension has no linear_fwd")
+    _ext = ext
+    logger.info("fp8_linear: FP8Linear fast path on %s (%s activations)", device, "static" if mode == MODE_STATIC else "per-token")
+    return FastPathState(key, True, "sm90 fast path", mode, fmt_max(mod.weight.dtype))
+
+
+def state(mod, device: torch.device) -> FastPathState:
+    """``mod``'s cached decision for ``device`` and the current switches (decided again when either changed)."""
+    sw = _switches()
+    st = mod.__dict__.get(STATE_ATTR)
+    if st is None or st.key != (device, sw):
+        st = decide(mod, device, sw)
+        mod.__dict__[STATE_ATTR] = st  # plain attribute, bypassing nn.Module.__setattr__
+    return st
+
+
+def forward(mod, x2: torch.Tensor) -> "torch.Tensor | None":
+    """``[M, N]`` output of ``mod`` for CUDA ``x2`` ``[M, K]`` through ``linear_fwd``, or ``None`` when
+    the generic path must run (not eligible, ``M == 0``, or a last dim that is not contiguous).
+
+    ``x2``'s dtype, last dim and device are already validated by ``FP8Linear.forward``.
+    """
+    st = state(mod, x2.device)
+    if not st.ok:
+        return None
+    m = x2.shape[0]
+    if m == 0 or x2.stride(1) != 1:
+        return None
+    w = mod.weight
+    cfg = st.configs.get(m)
+    if cfg is None:
+        cfg = st.configs[m] = _kernels().select_config(m, w.shape[0], w.shape[1]).id
+    return _ext.linear_fwd(x2, w, mod.input_scale, mod.weight_scale, mod.bias, st.mode, cfg, st.fmt_max, MIN_SCALE)
+
+
+def forget(mod) -> None:
+    """Drop ``mod``'s cached decision (its tensors moved or were replaced)."""
+    mod.__dict__.pop(STATE_ATTR, None)

@@ -1,0 +1,298 @@
+"""FP8Linear's decode fast path (fp8_linear/fast_path.py, the extension's linear_fwd / act_quant).
+
+GPU (compute capability 9.0): the fast path gives bitwise the outputs of the generic path
+(``FP8_LINEAR_FAST_PATH=0``: Triton quantization, dispatcher, registered op) over presets, input
+dtypes, M, (N, K) and bias; ``act_quant`` alone gives the CPU path's FP8 bits and scales (inputs with
+inf / NaN / all-zero rows / saturating values) and the Triton path's bytes; CUDA graph capture of a
+model on the fast path replays bitwise; ``torch.compile`` of an FP8Linear still runs (op path).
+CPU: the switch logic (which setting turns the path off, and why) and the cached decision's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+
+import pytest
+import torch
+
+from helpers import calc_diff
+
+from fp8_linear import FP8Linear, fast_path
+from fp8_linear.formats import MIN_SCALE, fmt_max
+from fp8_linear.quantize import dynamic_quantize, quantize_unchecked
+
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+needs_sm90 = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")]
+
+PRESETS = ["fp8-tensor", "fp8-channel", "fp8-dynamic"]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+MS = [1, 7, 64, 129, 2048]
+NKS = [(4096, 4096), (200, 1040), (8, 16)]
+#: Calibrated input amax of the static presets: x ~ N(0, 1) saturates a few values.
+INPUT_AMAX = 3.5
+_BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(_BITS[t.dtype])
+
+
+_modules: dict = {}
+
+
+def _module(preset: str, n: int, k: int, bias: bool, dtype: torch.dtype) -> FP8Linear:
+    """One FP8Linear per (preset, N, K, bias, dtype), built once (bias in the model's dtype, as a
+    Linear converted from a bf16/fp16 model has it)."""
+    key = (preset, n, k, bias, dtype)
+    if key not in _modules:
+        lin = torch.nn.Linear(k, n, bias=bias, device="cuda", dtype=dtype)
+        _modules[key] = FP8Linear.from_linear(lin, preset, input_amax=INPUT_AMAX)
+    return _modules[key]
+
+
+def _both_paths(monkeypatch, mod: FP8Linear, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """(fast path output, generic path output, the fast-path decision's reason)."""
+    monkeypatch.setenv(fast_path.ENV_FAST_PATH, "0")
+    ref = mod(x)
+    monkeypatch.setenv(fast_path.ENV_FAST_PATH, "1")
+    out = mod(x)
+    return out, ref, mod.__dict__[fast_path.STATE_ATTR].reason
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("n,k", NKS)
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")
+def test_fast_path_bitwise_equals_generic(monkeypatch, preset, dtype, m, n, k, bias):
+    mod = _module(preset, n, k, bias, dtype)
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    out, ref, why = _both_paths(monkeypatch, mod, x)
+    assert mod.__dict__[fast_path.STATE_ATTR].ok, why
+    assert out.dtype == dtype and out.shape == (m, n)
+    assert torch.isfinite(out).all()
+    assert torch.equal(_bits(out), _bits(ref)), f"{preset} {dtype} M={m} N={n} K={k}: calc_diff {calc_diff(out, ref):.3g}"
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")
+def test_fast_path_batched_and_row_strided_inputs(monkeypatch, preset):
+    mod = _module(preset, 200, 1040, True, torch.bfloat16)
+    x3 = torch.randn(3, 5, 1040, device="cuda", dtype=torch.bfloat16)  # [batch, seq, K]
+    out, ref, why = _both_paths(monkeypatch, mod, x3)
+    assert out.shape == (3, 5, 200) and torch.equal(_bits(out), _bits(ref)), why
+    wide = torch.randn(9, 2 * 1040 + 8, device="cuda", dtype=torch.bfloat16)
+    for x in (wide[:, :1040], wide[:, 8:1048]):  # row stride 2088; aligned and 16-byte-misaligned starts
+        out, ref, _ = _both_paths(monkeypatch, mod, x)
+        assert torch.equal(_bits(out), _bits(ref))
+    xt = torch.randn(1040, 4, device="cuda", dtype=torch.bfloat16).t()  # last dim not contiguous: generic path
+    out, ref, _ = _both_paths(monkeypatch, mod, xt)
+    assert torch.equal(_bits(out), _bits(ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")
+def test_other_backends_and_switches_keep_generic_path(monkeypatch):
+    mod = _module("fp8-dynamic", 200, 1040, False, torch.bfloat16)
+    x = torch.randn(4, 1040, device="cuda", dtype=torch.bfloat16)
+    monkeypatch.setenv("FP8_LINEAR_BACKEND", "cublaslt")
+    mod(x)
+    assert not mod.__dict__[fast_path.STATE_ATTR].ok
+    monkeypatch.setenv("FP8_LINEAR_BACKEND", "sm90")
+    mod(x)
+    assert mod.__dict__[fast_path.STATE_ATTR].ok
+    monkeypatch.setenv("FP8_LINEAR_FUSED_QUANT", "0")
+    mod(x)
+    assert not mod.__dict__[fast_path.STATE_ATTR].ok
+    block = FP8Linear.from_linear(torch.nn.Linear(1040, 200, device="cuda"), "fp8-block")
+    monkeypatch.delenv("FP8_LINEAR_FUSED_QUANT")
+    monkeypatch.delenv("FP8_LINEAR_BACKEND")
+    block(x)
+    assert not block.__dict__[fast_path.STATE_ATTR].ok
+
+
+# --------------------------------------------------------------- act_quant alone
+def _ext():
+    from fp8_linear.backends.sm90 import kernels_module
+
+    return importlib.import_module(kernels_module().__name__ + ".jit").load()
+
+
+def _hard_inputs(rows: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    x = torch.randn(rows, k, device="cuda", dtype=torch.float32) * 3
+    x[0, 0] = float("inf")
+    x[0, -1] = float("-inf")
+    x[-1, -1] = float("nan")
+    if rows > 2:
+        x[1] = 0  # all-zero row: MIN_SCALE
+        x[2, : min(k, 5)] *= 1e4  # saturates under the static scale
+    if rows > 3:
+        x[3] = float("nan")  # all-NaN row
+    return x.to(dtype)
+
+
+def _same_fp8(q1: torch.Tensor, q2: torch.Tensor) -> bool:
+    """Same FP8 bits, NaN positions compared as NaN-ness (the CPU keeps NaN's sign bit)."""
+    a, b = q1.float(), q2.float()
+    nan = torch.isnan(a)
+    return torch.equal(nan, torch.isnan(b)) and torch.equal(q1.view(torch.uint8)[~nan], q2.view(torch.uint8)[~nan])
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,k", [(1, 16), (7, 48), (5, 100), (64, 1040), (129, 4096), (3, 16400)])
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")
+def test_act_quant_matches_cpu_and_triton(monkeypatch, fp8, dtype, rows, k):
+    monkeypatch.delenv("FP8_LINEAR_FUSED_QUANT", raising=False)
+    ext, code, m = _ext(), 0 if fp8 == torch.float8_e4m3fn else 1, fmt_max(fp8)
+    x = _hard_inputs(rows, k, dtype)
+    static = torch.tensor([0.0123], device="cuda")
+    ours = {
+        "static": ext.act_quant(x, code, 0, static, m, MIN_SCALE),
+        "token": ext.act_quant(x, code, 1, None, m, MIN_SCALE),
+        "group": ext.act_quant(x, code, 2, None, m, MIN_SCALE),
+    }
+    xc, sc = x.cpu(), static.cpu()
+    cpu = {
+        "static": (quantize_unchecked(xc, fp8, sc), sc),
+        "token": dynamic_quantize(xc, fp8, "token"),
+        "group": dynamic_quantize(xc, fp8, "group"),
+    }
+    triton = {  # today's CUDA path (kernels/quant_triton.py)
+        "static": (quantize_unchecked(x, fp8, static), static),
+        "token": dynamic_quantize(x, fp8, "token"),
+        "group": dynamic_quantize(x, fp8, "group"),
+    }
+    for mode in ours:
+        q, s = ours[mode]
+        assert q.dtype == fp8 and q.shape == x.shape, mode
+        assert _same_fp8(q.cpu(), cpu[mode][0]), f"{mode}: FP8 bits differ from the CPU path"
+        assert torch.equal(s.cpu(), cpu[mode][1]), f"{mode}: scales differ from the CPU path"
+        assert torch.equal(q.view(torch.uint8), triton[mode][0].view(torch.uint8)), f"{mode}: bytes differ from Triton"
+        assert torch.equal(s, triton[mode][1]), mode
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")
+def test_act_quant_row_strided_and_errors():
+    ext, m = _ext(), fmt_max(torch.float8_e4m3fn)
+    wide = torch.randn(33, 1024 + 24, device="cuda", dtype=torch.float16)
+    for x in (wide[:, :1024], wide[:, 3:1027]):  # vector path and the unaligned scalar path
+        q1, s1 = ext.act_quant(x, 0, 1, None, m, MIN_SCALE)
+        q2, s2 = ext.act_quant(x.contiguous(), 0, 1, None, m, MIN_SCALE)
+        assert torch.equal(q1.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s1, s2)
+    with pytest.raises(RuntimeError, match="contiguous last dim"):
+        ext.act_quant(wide.t(), 0, 1, None, m, MIN_SCALE)
+    with pytest.raises(RuntimeError, match="static"):
+        ext.act_quant(wide, 0, 0, None, m, MIN_SCALE)
+    with pytest.raises(RuntimeError, match="act_mode"):
+        ext.linear_fwd(wide, torch.zeros(8, 1048, device="cuda", dtype=torch.float8_e4m3fn), None,
+                       torch.ones(1, device="cuda"), None, 2, 1, m, MIN_SCALE)
+
+
+# --------------------------------------------------------------- graphs and compile
+class _Block(torch.nn.Module):
+    """Two FP8Linears (per-token dynamic, then static per-tensor) with an activation between."""
+
+    def __init__(self, k: int, hidden: int):
+        super().__init__()
+        self.up = FP8Linear.from_linear(torch.nn.Linear(k, hidden, device="cuda", dtype=torch.bfloat16), "fp8-dynamic")
+        self.down = FP8Linear.from_linear(torch.nn.Linear(hidden, k, device="cuda", dtype=torch.bfloat16),
+                                          "fp8-tensor", input_amax=INPUT_AMAX)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.silu(self.up(x)))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")
+def test_cuda_graph_capture_on_fast_path(monkeypatch):
+    monkeypatch.setenv(fast_path.ENV_FAST_PATH, "1")
+    model = _Block(1024, 2048)
+    static_x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # warm up: decisions, build, config choice
+            model(static_x)
+    torch.cuda.current_stream().wait_stream(s)
+    assert model.up.__dict__[fast_path.STATE_ATTR].ok and model.down.__dict__[fast_path.STATE_ATTR].ok
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out = model(static_x)
+    for _ in range(2):
+        x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+        static_x.copy_(x)
+        static_out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        monkeypatch.setenv(fast_path.ENV_FAST_PATH, "0")
+        ref = model(x)
+        monkeypatch.setenv(fast_path.ENV_FAST_PATH, "1")
+        assert torch.equal(_bits(static_out), _bits(ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")
+def test_torch_compile_takes_op_path(monkeypatch):
+    monkeypatch.setenv(fast_path.ENV_FAST_PATH, "1")
+    mod = _module("fp8-channel", 200, 1040, True, torch.bfloat16)
+    x = torch.randn(5, 1040, device="cuda", dtype=torch.bfloat16)
+    compiled = torch.compile(mod)
+    out = compiled(x)
+    eager = mod(x)
+    torch.cuda.synchronize()
+    assert out.shape == eager.shape and torch.isfinite(out).all()
+    assert calc_diff(out, eager) < 1e-3
+
+
+# --------------------------------------------------------------- CPU: switch logic
+CPU = torch.device("cpu")
+
+
+def _cpu_module(preset: str) -> FP8Linear:
+    return FP8Linear.from_linear(torch.nn.Linear(64, 32), preset, input_amax=INPUT_AMAX)
+
+
+@pytest.mark.parametrize("env,value,reason", [
+    (fast_path.ENV_FAST_PATH, "0", "FP8_LINEAR_FAST_PATH=0"),
+    ("FP8_LINEAR_BACKEND", "emulated", "FP8_LINEAR_BACKEND=emulated"),
+    ("FP8_LINEAR_BACKEND", "cublaslt", "FP8_LINEAR_BACKEND=cublaslt"),
+    ("FP8_LINEAR_FUSED_QUANT", "0", "FP8_LINEAR_FUSED_QUANT=0"),
+])
+def test_switches_turn_the_fast_path_off(monkeypatch, env, value, reason):
+    monkeypatch.setenv(env, value)
+    st = fast_path.decide(_cpu_module("fp8-dynamic"), CPU)
+    assert not st.ok and reason in st.reason
+
+
+def test_decision_by_scheme_and_device(monkeypatch):
+    for var in (fast_path.ENV_FAST_PATH, "FP8_LINEAR_BACKEND", "FP8_LINEAR_FUSED_QUANT"):
+        monkeypatch.delenv(var, raising=False)
+    assert "group" in fast_path.decide(_cpu_module("fp8-block"), CPU).reason
+    monkeypatch.setenv("FP8_LINEAR_BACKEND", "sm90")  # forcing sm90 keeps the path eligible
+    for preset in PRESETS:
+        st = fast_path.decide(_cpu_module(preset), CPU)
+        assert not st.ok and "needs a CUDA device" in st.reason, (preset, st.reason)
+
+
+def test_cached_decision_follows_switches_moves_and_copies(monkeypatch):
+    monkeypatch.delenv(fast_path.ENV_FAST_PATH, raising=False)
+    mod = _cpu_module("fp8-tensor")
+    first = fast_path.state(mod, CPU)
+    assert fast_path.state(mod, CPU) is first  # cached per device and switches
+    monkeypatch.setenv(fast_path.ENV_FAST_PATH, "0")
+    assert "FP8_LINEAR_FAST_PATH=0" in fast_path.state(mod, CPU).reason  # a switch change re-decides
+    assert fast_path.STATE_ATTR not in dict(mod.named_buffers()) and fast_path.STATE_ATTR not in mod.state_dict()
+    twin = copy.deepcopy(mod)
+    assert twin.__dict__[fast_path.STATE_ATTR].key is None  # copies decide again
+    mod.to(torch.float16)
+    assert fast_path.STATE_ATTR not in mod.__dict__  # moves and casts decide again
+    x = torch.randn(3, 64)
+    assert torch.equal(mod(x), mod(x))  # CPU forward never consults the fast path
+    assert fast_path.STATE_ATTR not in mod.__dict__
