@@ -45,15 +45,15 @@ LARGE_M_CONFIG = 7
 
 #: Large-M candidates: (config id, throughput per tile-FLOP relative to config 0 on full waves,
 #: per-tile overhead in k-block equivalents: the tile's prologue, pipeline drain and epilogue), as
-#: measured on an H200 (benchmarks/NOTES.md v8, v10). select_config estimates each one's time as
+#: measured on an H200 (benchmarks/NOTES.md v8, v10, v11). select_config estimates each one's time as
 #: waves x tile width x (k-blocks + overhead) / throughput and takes the fastest, so a wider tile wins
 #: only where its coarser waves and costlier epilogue cost less than its per-FLOP gain. Config 10's
-#: pair (1.037 x config 7's throughput, 3.1 k-blocks vs config 7's 2) is the least-squares fit to the
-#: 27-shape steady-state run 16; config 7's 2 k-blocks is v8's measured tile-boundary cost.
+#: pair (1.019 x config 7's throughput, 2.0 k-blocks like config 7) is the least-squares fit to the
+#: 27-shape steady-state run 17 (its strip through TMA); config 7's 2 k-blocks is v8's tile-boundary cost.
 LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
     (LARGE_M_CONFIG, 1.107, 2.0),  # run 12
     (6, 1.086, 2.0),  # run 12
-    (10, 1.107 * 1.037, 3.1),  # run 16 (steady state)
+    (10, 1.107 * 1.019, 2.0),  # run 17 (steady state)
 )
 
 #: Environment override: force one config id for every problem (benchmarks, debugging).
