@@ -41,12 +41,13 @@ BIAS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Quantization modes of the extension (the values of kernels/quant_triton.py MODE_STATIC / MODE_TOKEN).
 MODE_STATIC, MODE_TOKEN = 0, 1
 _INT32_MAX = 2**31 - 1
+#: Parameters the fast path reads (None-valued entries included) straight from ``_parameters``.
+_PARAMS = ("weight", "weight_scale", "input_scale", "bias")
 #: Pointer alignment TMA needs for the weight operand.
 _TMA_ALIGN = 16
 
-# Switch names read per call: ours, the backend override, the fused-quantization switch and the
-# config override (the last two are defined in fp8_linear.kernels, filled in on first CUDA use).
-_env_names: tuple[str, ...] | None = None
+# Reader of the switches (set up on first CUDA use: two names are defined in fp8_linear.kernels).
+_read_switches = None
 _ext = None
 
 
@@ -76,23 +77,49 @@ def _kernels():
 
 
 def _switch_names() -> tuple[str, ...]:
-    global _env_names
-    if _env_names is None:
-        kern = _kernels()
-        quant = importlib.import_module(kern.__name__ + ".quant_triton")
-        _env_names = (ENV_FAST_PATH, BACKEND_ENV, quant.ENV_DISABLE, kern.configs.ENV_CONFIG)
-    return _env_names
+    """Ours, the backend override, the fused-quantization switch and the kernel-config override."""
+    kern = _kernels()
+    quant = importlib.import_module(kern.__name__ + ".quant_triton")
+    return ENV_FAST_PATH, BACKEND_ENV, quant.ENV_DISABLE, kern.configs.ENV_CONFIG
+
+
+def _switch_reader(names: tuple[str, str, str, str]):
+    """A function that returns the raw values of the four environment variables ``names`` (None if unset).
+
+    It reads CPython's dict behind ``os.environ`` (``os.environ._data``, keys encoded once) when there
+    is one: ``os.environ.get`` costs about 1.5 us per unset name (a KeyError inside), which is most of
+    the per-call budget of the fast path at decode; the dict sees every change made through
+    ``os.environ`` (assignment, ``monkeypatch.setenv``), as ``os.environ.get`` does. Values are bytes
+    there (decode with :func:`_text`).
+    """
+    env = os.environ
+    data, enc = getattr(env, "_data", None), getattr(env, "encodekey", None)
+    if isinstance(data, dict) and callable(enc):
+        get = data.get
+        a, b, c, d = (enc(n) for n in names)
+        return lambda: (get(a), get(b), get(c), get(d))
+    a, b, c, d = names
+    get = env.get
+    return lambda: (get(a), get(b), get(c), get(d))
+
+
+def _text(v) -> str | None:
+    return v.decode(errors="replace") if isinstance(v, bytes) else v
 
 
 def _switches() -> tuple:
-    """The current values of the switches (None where unset), read on every call."""
-    fast, backend, fused, config = _env_names or _switch_names()
-    get = os.environ.get
-    return get(fast), get(backend), get(fused), get(config)
+    """The current raw values of the switches (None where unset), read on every call."""
+    global _read_switches
+    if _read_switches is None:
+        _read_switches = _switch_reader(_switch_names())
+    return _read_switches()
 
 
 def _module_reason(mod) -> tuple[int, str | None]:
     """``(mode, None)`` when ``mod``'s tensors and scheme suit the fast path, else ``(-1, why not)``."""
+    missing = [nm for nm in _PARAMS if nm not in mod._parameters]
+    if missing:
+        return -1, f"{', '.join(missing)} not registered as parameters (forward reads them from _parameters)"
     w = mod.weight
     if w.dtype not in FP8_DTYPES:
         return -1, f"weight dtype {w.dtype} is not FP8"
@@ -125,7 +152,7 @@ def decide(mod, device: torch.device, switches: tuple | None = None) -> FastPath
     """
     sw = switches if switches is not None else _switches()
     key = (device, sw)
-    fast, backend, fused, _config = sw
+    fast, backend, fused, _config = (_text(v) for v in sw)
     if fast == "0":
         return FastPathState(key, False, f"turned off ({ENV_FAST_PATH}=0)")
     if backend and backend.strip() and backend.strip() != "sm90":
@@ -163,23 +190,28 @@ def state(mod, device: torch.device) -> FastPathState:
     return st
 
 
-def forward(mod, x2: torch.Tensor) -> "torch.Tensor | None":
-    """``[M, N]`` output of ``mod`` for CUDA ``x2`` ``[M, K]`` through ``linear_fwd``, or ``None`` when
-    the generic path must run (not eligible, ``M == 0``, or a last dim that is not contiguous).
+def forward(mod, x: torch.Tensor) -> "torch.Tensor | None":
+    """``mod``'s output ``[..., N]`` for CUDA ``x`` ``[..., K]`` through ``linear_fwd``, or ``None`` when
+    the generic path must run (not eligible, an empty ``x``, or a last dim that is not contiguous).
 
-    ``x2``'s dtype, last dim and device are already validated by ``FP8Linear.forward``.
+    ``x``'s type, dtype, last dim and device are already validated by ``FP8Linear.forward``; the
+    extension flattens ``x`` to ``[M, K]`` as ``x.reshape(-1, K)`` does and returns the output in
+    ``x``'s leading shape.
     """
-    st = state(mod, x2.device)
+    st = state(mod, x.device)
     if not st.ok:
         return None
-    m = x2.shape[0]
-    if m == 0 or x2.stride(1) != 1:
+    numel = x.numel()
+    if numel == 0 or x.stride(-1) != 1:
         return None
-    w = mod.weight
+    p = mod._parameters  # dict lookups: nn.Module.__getattr__ costs ~1 us per parameter at decode
+    w = p["weight"]
+    n, k = w.shape
+    m = numel // k
     cfg = st.configs.get(m)
     if cfg is None:
-        cfg = st.configs[m] = _kernels().select_config(m, w.shape[0], w.shape[1]).id
-    return _ext.linear_fwd(x2, w, mod.input_scale, mod.weight_scale, mod.bias, st.mode, cfg, st.fmt_max, MIN_SCALE)
+        cfg = st.configs[m] = _kernels().select_config(m, n, k).id
+    return _ext.linear_fwd(x, w, p["input_scale"], p["weight_scale"], p["bias"], st.mode, cfg, st.fmt_max, MIN_SCALE)
 
 
 def forget(mod) -> None:

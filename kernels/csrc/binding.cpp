@@ -4,6 +4,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
+#include <tuple>
+#include <vector>
+
 #include "act_quant.h"
 #include "sm90_api.h"
 
@@ -138,19 +141,22 @@ std::tuple<at::Tensor, at::Tensor> act_quant(const at::Tensor& x, int64_t fp8, i
   return {q, s};
 }
 
-// FP8Linear forward in one host call: quantize x [M, K] (static per-tensor `input_scale`, or
-// per-token when it is None and act_mode == 1) to weight's FP8 format, then
-// out [M, N] = (q @ weight.T) * scale_a * weight_scale + bias in x's dtype (the gemm_out call).
+// FP8Linear forward in one host call: quantize x [..., K] (flattened to [M, K] as x.reshape(-1, K);
+// static per-tensor `input_scale`, or per-token when act_mode == 1) to weight's FP8 format, then
+// out [M, N] = (q @ weight.T) * scale_a * weight_scale + bias in x's dtype (the gemm_out call),
+// returned as [..., N].
 at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& input_scale,
                       const at::Tensor& weight_scale, const c10::optional<at::Tensor>& bias, int64_t act_mode,
                       int64_t config, double fmt_max, double min_scale) {
   TORCH_CHECK(act_mode == fp8act::kStatic || act_mode == fp8act::kToken,
               "linear_fwd: act_mode must be 0 (static) or 1 (per-token), got ", act_mode);
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
-              "linear_fwd: x [M, K] and weight [N, K] expected, got ", x.sizes(), " and ", weight.sizes());
+  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1),
+              "linear_fwd: x [..., K] and weight [N, K] expected, got ", x.sizes(), " and ", weight.sizes());
   const c10::cuda::CUDAGuard guard(x.device());
-  const int64_t M = x.size(0), N = weight.size(0);
-  at::Tensor q = at::empty(x.sizes(), x.options().dtype(weight.scalar_type()));
+  const int64_t K = weight.size(1), N = weight.size(0);
+  const at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, K});
+  const int64_t M = x2.size(0);
+  at::Tensor q = at::empty({M, K}, x.options().dtype(weight.scalar_type()));
   at::Tensor sa;
   if (act_mode == fp8act::kStatic) {
     TORCH_CHECK(input_scale.has_value() && input_scale->defined(), "linear_fwd: static act_mode needs input_scale");
@@ -158,10 +164,13 @@ at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::
   } else {
     sa = at::empty({M, 1}, x.options().dtype(at::kFloat));
   }
-  act_quant_into(x, q, sa, act_mode, fmt_max, min_scale);
+  act_quant_into(x2, q, sa, act_mode, fmt_max, min_scale);
   at::Tensor out = at::empty({M, N}, x.options());
   gemm_out(q, weight, sa, weight_scale, bias, out, config, 0);
-  return out;
+  if (x.dim() == 2) return out;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  return out.view(shape);
 }
 
 }  // namespace

@@ -85,6 +85,11 @@ def test_fast_path_batched_and_row_strided_inputs(monkeypatch, preset):
     x3 = torch.randn(3, 5, 1040, device="cuda", dtype=torch.bfloat16)  # [batch, seq, K]
     out, ref, why = _both_paths(monkeypatch, mod, x3)
     assert out.shape == (3, 5, 200) and torch.equal(_bits(out), _bits(ref)), why
+    for x in (x3[0, 0], x3[:, 1:4], x3.transpose(0, 1)):  # 1-D; viewable and copying reshapes
+        out, ref, _ = _both_paths(monkeypatch, mod, x)
+        assert out.shape == ref.shape and torch.equal(_bits(out), _bits(ref))
+    empty = torch.empty(0, 1040, device="cuda", dtype=torch.bfloat16)
+    assert mod(empty).shape == (0, 200)
     wide = torch.randn(9, 2 * 1040 + 8, device="cuda", dtype=torch.bfloat16)
     for x in (wide[:, :1040], wide[:, 8:1048]):  # row stride 2088; aligned and 16-byte-misaligned starts
         out, ref, _ = _both_paths(monkeypatch, mod, x)
