@@ -6,7 +6,8 @@ launcher (about 180-210 us per call on the H200 host, benchmarks/NOTES.md). When
 would go to the sm90 backend anyway, :func:`forward` instead calls the extension's ``linear_fwd``
 (``kernels/csrc/binding.cpp``): a CUDA quantization kernel (``kernels/csrc/act_quant.cu``, the
 formula of ``kernels/quant_triton.py`` bit for bit) and the same ``fp8sm90::gemm`` call with the same
-config, so outputs are bitwise those of the generic path.
+config, so outputs are meant to be bitwise those of the generic path (what
+tests/core/test_gpu_fast_path.py checks on an sm_90 device).
 
 Taken only in eager mode (``torch.compile`` traces the registered op), on CUDA, for static
 per-tensor and dynamic per-token activations with per-tensor / per-channel weight scales. The
