@@ -30,7 +30,11 @@ CUDA_FLAGS = (
     "-lineinfo",
     "-Xptxas=-warn-spills",
 )
-CXX_FLAGS = ("-O3", "-std=c++17")
+#: Host flags of the torch binding. No -std here: torch.utils.cpp_extension passes the standard its
+#: own headers and libraries were built with (C++20 for torch >= 2.10); forcing -std=c++17 compiled
+#: c10 types (c10::Error among them) with another layout than libtorch's, and the first TORCH_CHECK
+#: that failed inside the extension crashed the process (segfault on the H200, session 3).
+CXX_FLAGS = ("-O3",)
 
 BUILD_MESSAGE = "fp8_linear: building sm90 kernel (first use)..."
 _MARKER = "fp8_linear_build.ok"
