@@ -41,6 +41,11 @@ def _kernel():
     @triton.jit
     def quant_rows(x_ptr, q_ptr, s_ptr, K, stride_x, fmt_max, min_scale, n_groups,
                    MODE: tl.constexpr, BLOCK: tl.constexpr):
+        # fmt_max / min_scale arrive as fp32 from a Python-float launch but as fp64 when inductor
+        # launches the kernel (torch.compile); fp64 -> fp8 rtne has no lowering, so fix them at fp32
+        # (a no-op for eager launches: the same bits as before).
+        fmt_max = fmt_max.to(tl.float32)
+        min_scale = min_scale.to(tl.float32)
         row = tl.program_id(0).to(tl.int64)
         x_row = x_ptr + row * stride_x
         q_row = q_ptr + row * K
