@@ -10,29 +10,40 @@
 #include "act_quant.h"
 #include "sm90_api.h"
 
+// Argument checks of the functions below. Not TORCH_CHECK: a failing TORCH_CHECK raises c10::Error,
+// which captures a C++ backtrace that is symbolized when pybind11 asks for what(); on the H200 image
+// the first failing check inside this extension crashed the process (segfault, session 3) instead of
+// raising. FP8_CHECK throws a plain std::runtime_error with the same message (no backtrace), which
+// pybind11 turns into a Python RuntimeError. (That this avoids the crash is the working hypothesis:
+// not yet run on the device.)
+#define FP8_CHECK(cond, ...) \
+  do {                       \
+    if (!(cond)) throw std::runtime_error(c10::str(__VA_ARGS__)); \
+  } while (0)
+
 namespace {
 
 int fmt_code(const at::Tensor& t, const char* name) {
   if (t.scalar_type() == at::ScalarType::Float8_e4m3fn) return 0;
   if (t.scalar_type() == at::ScalarType::Float8_e5m2) return 1;
-  TORCH_CHECK(false, name, ": expected float8_e4m3fn or float8_e5m2, got ", t.scalar_type());
+  FP8_CHECK(false, name, ": expected float8_e4m3fn or float8_e5m2, got ", t.scalar_type());
   return -1;
 }
 
 // out = (a @ b.T) * scale_a * scale_b + bias, written into `out` ([M, N], contiguous).
 void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
               const c10::optional<at::Tensor>& bias, at::Tensor& out, int64_t config, int64_t flags) {
-  TORCH_CHECK(a.is_cuda() && b.is_cuda() && out.is_cuda(), "sm90_gemm: tensors must be on CUDA");
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1), "sm90_gemm: a [M, K] and b [N, K] expected");
-  TORCH_CHECK(a.is_contiguous() && b.is_contiguous() && out.is_contiguous(), "sm90_gemm: contiguous tensors expected");
+  FP8_CHECK(a.is_cuda() && b.is_cuda() && out.is_cuda(), "sm90_gemm: tensors must be on CUDA");
+  FP8_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1), "sm90_gemm: a [M, K] and b [N, K] expected");
+  FP8_CHECK(a.is_contiguous() && b.is_contiguous() && out.is_contiguous(), "sm90_gemm: contiguous tensors expected");
   const int64_t M = a.size(0), N = b.size(0), K = a.size(1);
-  TORCH_CHECK(out.size(0) == M && out.size(1) == N, "sm90_gemm: out must be [M, N]");
-  TORCH_CHECK(M < (1LL << 31) && N < (1LL << 31) && K < (1LL << 31), "sm90_gemm: dims too large");
-  TORCH_CHECK(scale_a.scalar_type() == at::kFloat && scale_b.scalar_type() == at::kFloat,
+  FP8_CHECK(out.size(0) == M && out.size(1) == N, "sm90_gemm: out must be [M, N]");
+  FP8_CHECK(M < (1LL << 31) && N < (1LL << 31) && K < (1LL << 31), "sm90_gemm: dims too large");
+  FP8_CHECK(scale_a.scalar_type() == at::kFloat && scale_b.scalar_type() == at::kFloat,
               "sm90_gemm: scales must be float32");
-  TORCH_CHECK(scale_a.is_contiguous() && scale_b.is_contiguous(), "sm90_gemm: scales must be contiguous");
-  TORCH_CHECK(scale_a.numel() == 1 || scale_a.numel() == M, "sm90_gemm: scale_a must be [1] or [M, 1]");
-  TORCH_CHECK(scale_b.numel() == 1 || scale_b.numel() == N, "sm90_gemm: scale_b must be [1] or [N, 1]");
+  FP8_CHECK(scale_a.is_contiguous() && scale_b.is_contiguous(), "sm90_gemm: scales must be contiguous");
+  FP8_CHECK(scale_a.numel() == 1 || scale_a.numel() == M, "sm90_gemm: scale_a must be [1] or [M, 1]");
+  FP8_CHECK(scale_b.numel() == 1 || scale_b.numel() == N, "sm90_gemm: scale_b must be [1] or [N, 1]");
 
   fp8sm90::GemmArgs g{};
   g.a = a.data_ptr();
@@ -50,13 +61,13 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
   g.bias_kind = 0;
   if (bias.has_value() && bias->defined()) {
     const at::Tensor& bt = *bias;
-    TORCH_CHECK(bt.is_cuda() && bt.numel() == N && bt.is_contiguous(), "sm90_gemm: bias must be a contiguous [N]");
+    FP8_CHECK(bt.is_cuda() && bt.numel() == N && bt.is_contiguous(), "sm90_gemm: bias must be a contiguous [N]");
     g.bias = bt.data_ptr();
     switch (bt.scalar_type()) {
       case at::kFloat: g.bias_kind = 1; break;
       case at::kBFloat16: g.bias_kind = 2; break;
       case at::kHalf: g.bias_kind = 3; break;
-      default: TORCH_CHECK(false, "sm90_gemm: bias must be float32, bfloat16 or float16, got ", bt.scalar_type());
+      default: FP8_CHECK(false, "sm90_gemm: bias must be float32, bfloat16 or float16, got ", bt.scalar_type());
     }
   }
   g.out = out.data_ptr();
@@ -64,14 +75,14 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
     case at::kFloat: g.out_kind = 0; break;
     case at::kBFloat16: g.out_kind = 1; break;
     case at::kHalf: g.out_kind = 2; break;
-    default: TORCH_CHECK(false, "sm90_gemm: out must be float32, bfloat16 or float16, got ", out.scalar_type());
+    default: FP8_CHECK(false, "sm90_gemm: out must be float32, bfloat16 or float16, got ", out.scalar_type());
   }
   g.config = static_cast<int>(config);
   g.force_direct_store = (flags & 1) ? 1 : 0;
   const c10::cuda::CUDAGuard guard(a.device());
   g.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const char* err = fp8sm90::gemm(g, at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == nullptr, "sm90_gemm: ", err ? err : "");
+  FP8_CHECK(err == nullptr, "sm90_gemm: ", err ? err : "");
 }
 
 int act_kind(const at::Tensor& x, const char* name) {
@@ -79,7 +90,7 @@ int act_kind(const at::Tensor& x, const char* name) {
     case at::kFloat: return fp8act::kF32;
     case at::kBFloat16: return fp8act::kBF16;
     case at::kHalf: return fp8act::kF16;
-    default: TORCH_CHECK(false, name, ": expected float32, bfloat16 or float16, got ", x.scalar_type());
+    default: FP8_CHECK(false, name, ": expected float32, bfloat16 or float16, got ", x.scalar_type());
   }
   return -1;
 }
@@ -88,18 +99,18 @@ int act_kind(const at::Tensor& x, const char* name) {
 // [rows, K]; `scale` is read (static, [1]) or written (token [rows, 1], group [rows, ceil(K/128)]).
 void act_quant_into(const at::Tensor& x, at::Tensor& q, at::Tensor& scale, int64_t mode, double fmt_max,
                     double min_scale) {
-  TORCH_CHECK(x.is_cuda() && q.device() == x.device() && scale.device() == x.device(),
+  FP8_CHECK(x.is_cuda() && q.device() == x.device() && scale.device() == x.device(),
               "act_quant: x, q and scale must be on one CUDA device, got ", x.device(), ", ", q.device(), " and ",
               scale.device());
-  TORCH_CHECK(x.dim() == 2, "act_quant: x must be 2-D [rows, K], got ", x.dim(), " dims");
-  TORCH_CHECK(x.size(1) <= 1 || x.stride(1) == 1, "act_quant: x must have a contiguous last dim, got strides ",
+  FP8_CHECK(x.dim() == 2, "act_quant: x must be 2-D [rows, K], got ", x.dim(), " dims");
+  FP8_CHECK(x.size(1) <= 1 || x.stride(1) == 1, "act_quant: x must have a contiguous last dim, got strides ",
               x.strides());
-  TORCH_CHECK(q.is_contiguous() && q.sizes() == x.sizes(), "act_quant: q must be a contiguous ", x.sizes());
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous(), "act_quant: scale must be contiguous float32");
+  FP8_CHECK(q.is_contiguous() && q.sizes() == x.sizes(), "act_quant: q must be a contiguous ", x.sizes());
+  FP8_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous(), "act_quant: scale must be contiguous float32");
   const int64_t rows = x.size(0), K = x.size(1);
   const int64_t want = mode == fp8act::kStatic ? 1 : mode == fp8act::kToken ? rows
                                                      : rows * ((K + fp8act::kGroupSize - 1) / fp8act::kGroupSize);
-  TORCH_CHECK(scale.numel() == want, "act_quant: scale must have ", want, " elements for mode ", mode, ", got ",
+  FP8_CHECK(scale.numel() == want, "act_quant: scale must have ", want, " elements for mode ", mode, ", got ",
               scale.numel());
   fp8act::ActQuantArgs a{};
   a.x = x.data_ptr();
@@ -114,7 +125,7 @@ void act_quant_into(const at::Tensor& x, at::Tensor& q, at::Tensor& scale, int64
   a.fmt_max = static_cast<float>(fmt_max);
   a.min_scale = static_cast<float>(min_scale);
   const char* err = fp8act::act_quant(a, at::cuda::getCurrentCUDAStream(x.device().index()));
-  TORCH_CHECK(err == nullptr, "act_quant: ", err ? err : "");
+  FP8_CHECK(err == nullptr, "act_quant: ", err ? err : "");
 }
 
 // (q, scale) = quantize(x) to `fp8` (0 = e4m3, 1 = e5m2); `scale` is the static [1] scale (mode 0)
@@ -122,15 +133,15 @@ void act_quant_into(const at::Tensor& x, at::Tensor& q, at::Tensor& scale, int64
 std::tuple<at::Tensor, at::Tensor> act_quant(const at::Tensor& x, int64_t fp8, int64_t mode,
                                               const c10::optional<at::Tensor>& scale, double fmt_max,
                                               double min_scale) {
-  TORCH_CHECK(fp8 == 0 || fp8 == 1, "act_quant: fp8 must be 0 (e4m3) or 1 (e5m2), got ", fp8);
-  TORCH_CHECK(x.dim() == 2, "act_quant: x must be 2-D [rows, K], got ", x.dim(), " dims");
+  FP8_CHECK(fp8 == 0 || fp8 == 1, "act_quant: fp8 must be 0 (e4m3) or 1 (e5m2), got ", fp8);
+  FP8_CHECK(x.dim() == 2, "act_quant: x must be 2-D [rows, K], got ", x.dim(), " dims");
   const c10::cuda::CUDAGuard guard(x.device());
   const auto qdtype = fp8 == 0 ? at::ScalarType::Float8_e4m3fn : at::ScalarType::Float8_e5m2;
   at::Tensor q = at::empty(x.sizes(), x.options().dtype(qdtype));
   at::Tensor s;
   const int64_t rows = x.size(0), K = x.size(1);
   if (mode == fp8act::kStatic) {
-    TORCH_CHECK(scale.has_value() && scale->defined(), "act_quant: mode 0 (static) needs a [1] scale, got None");
+    FP8_CHECK(scale.has_value() && scale->defined(), "act_quant: mode 0 (static) needs a [1] scale, got None");
     s = *scale;
   } else if (mode == fp8act::kToken) {
     s = at::empty({rows, 1}, x.options().dtype(at::kFloat));
@@ -148,9 +159,9 @@ std::tuple<at::Tensor, at::Tensor> act_quant(const at::Tensor& x, int64_t fp8, i
 at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& input_scale,
                       const at::Tensor& weight_scale, const c10::optional<at::Tensor>& bias, int64_t act_mode,
                       int64_t config, double fmt_max, double min_scale) {
-  TORCH_CHECK(act_mode == fp8act::kStatic || act_mode == fp8act::kToken,
+  FP8_CHECK(act_mode == fp8act::kStatic || act_mode == fp8act::kToken,
               "linear_fwd: act_mode must be 0 (static) or 1 (per-token), got ", act_mode);
-  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1),
+  FP8_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1),
               "linear_fwd: x [..., K] and weight [N, K] expected, got ", x.sizes(), " and ", weight.sizes());
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t K = weight.size(1), N = weight.size(0);
@@ -159,7 +170,7 @@ at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::
   at::Tensor q = at::empty({M, K}, x.options().dtype(weight.scalar_type()));
   at::Tensor sa;
   if (act_mode == fp8act::kStatic) {
-    TORCH_CHECK(input_scale.has_value() && input_scale->defined(), "linear_fwd: static act_mode needs input_scale");
+    FP8_CHECK(input_scale.has_value() && input_scale->defined(), "linear_fwd: static act_mode needs input_scale");
     sa = *input_scale;
   } else {
     sa = at::empty({M, 1}, x.options().dtype(at::kFloat));

@@ -31,9 +31,9 @@ CUDA_FLAGS = (
     "-Xptxas=-warn-spills",
 )
 #: Host flags of the torch binding. No -std here: torch.utils.cpp_extension passes the standard its
-#: own headers and libraries were built with (C++20 for torch >= 2.10); forcing -std=c++17 compiled
-#: c10 types (c10::Error among them) with another layout than libtorch's, and the first TORCH_CHECK
-#: that failed inside the extension crashed the process (segfault on the H200, session 3).
+#: own headers were built with (C++20 for current torch); forcing -std=c++17 compiled torch's
+#: headers in another language mode than libtorch. (Removing it did not cure the crash of a failing
+#: TORCH_CHECK seen on the H200 in session 3: see FP8_CHECK in csrc/binding.cpp.)
 CXX_FLAGS = ("-O3",)
 
 BUILD_MESSAGE = "fp8_linear: building sm90 kernel (first use)..."
