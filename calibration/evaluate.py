@@ -29,7 +29,18 @@ from .data import Batch, corpus_text, text_windows
 
 #: Default evaluation: windows of this many tokens from the eval split, at most this many windows.
 DEFAULT_EVAL_SEQ_LEN = 512
-DEFAULT_EVAL_WINDOWS = 8
+#: The default window count follows from the main job's time budget alone, never from which preset
+#: ranks first. Rule: the whole eval split if the main job (``fp8-linear compare``) stays under
+#: :data:`MAIN_JOB_TARGET_S` on an idle 2-core CPU, else the largest multiple of the eval batch size
+#: that does. Measured (2026-11-29, idle 2-core CPU, SmolLM2-135M): one 512-token window costs 6.75 s
+#: (the unquantized model + 4 presets), the job took 121 s with 8 windows, so it takes about
+#: ``121 + 6.75 * (windows - 8)`` s; the eval split holds 63 windows (about 490 s: over the 5-minute
+#: budget), 20 windows about 202 s, 16 windows about 175 s. Then measured with the default command:
+#: 16 windows 151 s, 20 windows 222 s (benchmarks/results/compare_smollm2_cpu_20261129_w16, _w20), so 16.
+DEFAULT_EVAL_WINDOWS = 16
+#: Wall-time target of the main job on an idle 2-core CPU (the budget is 300 s; the rest is margin
+#: for slower or shared machines).
+MAIN_JOB_TARGET_S = 200
 DEFAULT_EVAL_BATCH_SIZE = 4
 #: Batches used for per-layer SQNR (each costs one extra high-precision matmul per layer).
 SQNR_BATCHES = 1
