@@ -46,13 +46,15 @@ def main() -> int:
     ap.add_argument("--json", default="")
     ap.add_argument("--set", choices=("five", "judged"), default="five")
     ap.add_argument("--configs", default="", help="comma-separated forced config ids to time as well")
+    ap.add_argument("--per-channel", action="store_true",
+                    help="also time ours with per-channel weight scales (issue 4's per-channel cost bar)")
     args = ap.parse_args()
     shapes = FIVE if args.set == "five" else [(m, n, k) for _, m, n, k in shape_set(False) if m >= 2048]
     forced = [int(c) for c in args.configs.split(",") if c.strip()]
     kern = kernels_module()
     e4, bf = torch.float8_e4m3fn, torch.bfloat16
     rows = []
-    extra = "".join(f" {'cfg' + str(c):>6}" for c in forced)
+    extra = "".join(f" {'cfg' + str(c):>6}" for c in forced) + (f" {'ours_ch':>7}" if args.per_channel else "")
     print(f"{'M':>6}{'N':>7}{'K':>7} | {'ours':>6} {'cuBLASLt':>8}{extra} | ratio   (TFLOPS, steady state)", flush=True)
     for m, n, k in shapes:
         a = torch.randn(m, k, device="cuda").to(e4)
@@ -62,6 +64,9 @@ def main() -> int:
                "cublas": lambda: torch._scaled_mm(a, b.t(), scale_a=s1.reshape(()), scale_b=s2.reshape(()), out_dtype=bf)}
         for c in forced:
             fns[f"cfg{c}"] = lambda c=c: kern.sm90_gemm(a, b, s1, s2, None, bf, c)
+        if args.per_channel:
+            s2c = torch.rand(n, 1, device="cuda") + 0.5
+            fns["ours_ch"] = lambda: kern.sm90_gemm(a, b, s1, s2c, None, bf)
         times = {key: [] for key in fns}
         order = list(fns)
         for rnd in range(args.rounds):
@@ -75,11 +80,15 @@ def main() -> int:
                 times[key].append(do_bench(fn, warmup=20, rep=args.rep, return_mode="median"))
         tf = {key: 2 * m * n * k / (min(ts) * 1e-3) / 1e12 for key, ts in times.items()}
         rows.append({"M": m, "N": n, "K": k, "ms": times, "tflops": tf, "ratio": tf["ours"] / tf["cublas"]})
-        ex = "".join(f" {tf[f'cfg{c}']:6.0f}" for c in forced)
+        ex = "".join(f" {tf[f'cfg{c}']:6.0f}" for c in forced) + (f" {tf['ours_ch']:7.0f}" if args.per_channel else "")
         print(f"{m:>6}{n:>7}{k:>7} | {tf['ours']:6.0f} {tf['cublas']:8.0f}{ex} | {tf['ours'] / tf['cublas']:.3f}", flush=True)
         del a, b
     g = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
     print(f"geomean ours/cuBLASLt over {len(rows)} shapes: {g:.3f}")
+    if args.per_channel:
+        costs = [r["tflops"]["ours"] / r["tflops"]["ours_ch"] - 1 for r in rows]
+        print(f"per-channel cost vs per-tensor (ours): mean {100 * sum(costs) / len(costs):+.1f}%, "
+              f"worst {100 * max(costs):+.1f}%")
     for c in forced:
         gc = math.exp(sum(math.log(r["tflops"][f"cfg{c}"] / r["tflops"]["cublas"]) for r in rows) / len(rows))
         print(f"geomean config {c}/cuBLASLt over {len(rows)} shapes: {gc:.3f}")
