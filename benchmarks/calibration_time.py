@@ -33,6 +33,23 @@ BAR_S = 60.0
 PRESETS = ("fp8-tensor", "fp8-channel", "fp8-dynamic", "fp8-block")
 
 
+class Log:
+    """Print lines as they come (``log(line)``) and keep them for :meth:`write` (shared by the benchmarks here)."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def __call__(self, line: str) -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+
+    def write(self, path: str) -> None:
+        """Write every line so far to ``path`` (its folder is created)."""
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("\n".join(self.lines) + "\n")
+
+
 class _StageTimer:
     """Wall time spent in ``calibrate`` and ``prepare_weights`` of ``fp8_linear.calibration.quantize``."""
 
@@ -67,11 +84,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: the free cores, as fp8-linear)")
     ap.add_argument("--out", default=None, help="also write the printed lines to this file")
     args = ap.parse_args()
-    lines = []
-
-    def say(s: str) -> None:
-        print(s, flush=True)
-        lines.append(s)
+    say = Log()
 
     torch.set_num_threads(pick_threads(args.threads))
     t0 = time.perf_counter()
@@ -96,9 +109,7 @@ def main() -> None:
             f"bar {BAR_S:.0f} s: {'PASS' if dt < BAR_S else 'FAIL'}); load average at start {load:.2f}")
         del q
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+        say.write(args.out)
 
 
 if __name__ == "__main__":
