@@ -13,6 +13,8 @@ Methods (all fp8-channel unless the name says otherwise):
 ``rtn``            weights rounded to nearest (``gptq=False``).
 ``gptq``           the library's GPTQ rounding (H from at most ``gptq.MAX_TOKENS`` = 4096 tokens).
 ``gptq-all``       GPTQ with H from every calibration token.
+``gptq-ao``        ``gptq`` with act-order (columns by decreasing ``H[i, i]``; ``gptq.ACT_ORDER``).
+``gptq-all-ao``    ``gptq-all`` with act-order.
 ``gptaq``          GPTQ on the target that accounts for the layer's own activation rounding ``Q``:
                    minimize ``||W X - W_q Q(X)||^2``; ``W' = W (C + l I)(A + l I)^-1`` with
                    ``A = Q(X) Q(X)^T``, ``C = X Q(X)^T`` (the damped least-squares target, shrunk
@@ -61,7 +63,7 @@ SEQ_LEN = 128
 CALIB_BATCH = 128
 #: Dampening of the GPTAQ least-squares target, as a fraction of mean(diag A).
 GPTAQ_DAMP = 0.01
-METHODS = ("rtn", "gptq", "gptq-all", "gptaq", "gptaq-seq", "dynamic", "mixed-ffn1", "mixed-ffn")
+METHODS = ("rtn", "gptq", "gptq-all", "gptq-ao", "gptq-all-ao", "gptaq", "gptaq-seq", "dynamic", "mixed-ffn1", "mixed-ffn")
 IGNORE = {"mixed-ffn1": [r"re:.*\.intermediate\.dense$"],
           "mixed-ffn": [r"re:.*\.intermediate\.dense$", r"re:.*layer\.\d+\.output\.dense$"]}
 
@@ -144,6 +146,12 @@ def gptaq(model: nn.Module, batches, sequential: bool) -> nn.Module:
 
 
 def quantize(method: str, model, tok, calib: list[str], batches) -> nn.Module:
+    if method.endswith("-ao"):
+        gptq_mod.ACT_ORDER = True
+        try:
+            return quantize(method[:-3], model, tok, calib, batches)
+        finally:
+            gptq_mod.ACT_ORDER = False
     kw = dict(tokenizer=tok, seq_len=SEQ_LEN, max_samples=len(calib), progress=False)
     if method in ("gptaq", "gptaq-seq"):
         return gptaq(model, batches, sequential=method == "gptaq-seq")

@@ -11,7 +11,14 @@ import torch
 from fp8_linear import FP8Linear
 from fp8_linear.calibration import calibrate, select_linears
 from fp8_linear.calibration.data import materialize_batches
-from fp8_linear.calibration.gptq import DAMP, HessianAccumulator, gptq_fp8, gptq_fp8_many, inverse_factor
+from fp8_linear.calibration.gptq import (
+    DAMP,
+    HessianAccumulator,
+    column_order_factor,
+    gptq_fp8,
+    gptq_fp8_many,
+    inverse_factor,
+)
 from fp8_linear.calibration.quantize import apply_quantization, prepare_weights
 from fp8_linear.formats import fmt_max
 from fp8_linear.quantize import expand_scale
@@ -43,10 +50,16 @@ def _out_err(q, w, x) -> float:
     return float(((q.double() - w.double()) @ x.double().t()).square().sum())
 
 
-def _gptq_reference(w, h, s, damp=DAMP):
-    """Textbook GPTQ (Frantar et al., Alg. 1 without lazy batching) in fp64, one column at a time."""
+def _gptq_reference(w, h, s, damp=DAMP, act_order=False):
+    """Textbook GPTQ (Frantar et al., Alg. 1 without lazy batching) in fp64, one column at a time;
+    with ``act_order`` the columns go in order of decreasing ``h[i, i]`` (argsort of the diagonal)."""
+    if act_order:
+        perm = torch.argsort(torch.diag(h), descending=True, stable=True)
+        inv = torch.argsort(perm)
+        sx = expand_scale(s, w.shape)
+        return _gptq_reference(w[:, perm], h[perm][:, perm], sx[:, perm], damp)[:, inv]
     w = w.double().clone()
-    s = expand_scale(s, w.shape).double()
+    s = (s if s.shape == w.shape else expand_scale(s, w.shape)).double()
     h = h.clone()
     dead = torch.diag(h) == 0
     h[dead, dead] = 1.0
@@ -78,21 +91,25 @@ def test_accumulator_memoizes_factor_until_updated():
     x, _ = _problem()
     h = HessianAccumulator(x.shape[1])
     h.update(x[:1000])
-    u1, _ = h.inverse_factor()
-    assert h.inverse_factor()[0] is u1
+    u1, _, perm1 = h.inverse_factor(act_order=True)
+    assert h.inverse_factor(act_order=True)[0] is u1
     h.update(x[1000:])
-    u2, _ = h.inverse_factor()
-    assert u2 is not u1 and torch.allclose(u2, inverse_factor(h.h)[0])
+    u2, _, perm2 = h.inverse_factor(act_order=True)
+    assert u2 is not u1 and torch.allclose(u2, column_order_factor(h.h, act_order=True)[0])
+    assert torch.equal(perm2, torch.argsort(torch.diag(h.h), descending=True, stable=True))
+    u3, _, perm3 = h.inverse_factor(act_order=False)  # the natural order: its own factor
+    assert perm3 is None and torch.allclose(u3, inverse_factor(h.h)[0])
 
 
+@pytest.mark.parametrize("act_order", [False, True])
 @pytest.mark.parametrize("granularity", ["tensor", "channel", "block"])
-def test_gptq_matches_textbook_reference_and_beats_rtn(granularity):
+def test_gptq_matches_textbook_reference_and_beats_rtn(granularity, act_order):
     x, w = _problem(n_in=320, rows=160)
     h = _hessian(x)
     from fp8_linear.quantize import compute_amax
     s = compute_amax(w, granularity) / M
-    q = gptq_fp8(w, h, s)
-    ref = _gptq_reference(w, h.h, s)
+    q = gptq_fp8(w, h, s, act_order=act_order)
+    ref = _gptq_reference(w, h.h, s, act_order=act_order)
     se = expand_scale(s, w.shape)
     # on the grid of the fixed scale: quantizing again is exact
     assert torch.equal(_rtn(q, se), q)
