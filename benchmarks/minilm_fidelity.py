@@ -22,6 +22,8 @@ Methods (all fp8-channel unless the name says otherwise):
 ``gptaq-seq``      the same with ``Q(X~)`` in place of ``Q(X)``, ``X~`` the inputs the already
                    quantized layers produce (layers in module order; upstream error included).
 ``dynamic``        fp8-dynamic (per-token activation scales) with GPTQ: is the static scale the limit?
+``weights-only``   diagnostic, NOT a scheme: the ``gptq`` weights (dequantized) with fp32 activations.
+``acts-only``      diagnostic, NOT a scheme: fp32 weights, activations rounded with ``gptq``'s input scales.
 ``mixed-ffn1``     NOT fp8-channel: fp8-channel + GPTQ with the FFN up projections
                    (``intermediate.dense``, 6 of 37 Linear layers) kept in fp32 (``ignore``).
 ``mixed-ffn``      NOT fp8-channel: both FFN projections (12 of 37 layers) kept in fp32.
@@ -63,7 +65,7 @@ SEQ_LEN = 128
 CALIB_BATCH = 128
 #: Dampening of the GPTAQ least-squares target, as a fraction of mean(diag A).
 GPTAQ_DAMP = 0.01
-METHODS = ("rtn", "gptq", "gptq-all", "gptq-ao", "gptq-all-ao", "gptaq", "gptaq-seq", "dynamic", "mixed-ffn1", "mixed-ffn")
+METHODS = ("rtn", "gptq", "gptq-all", "gptq-ao", "gptq-all-ao", "gptaq", "gptaq-seq", "dynamic", "weights-only", "acts-only", "mixed-ffn1", "mixed-ffn")
 IGNORE = {"mixed-ffn1": [r"re:.*\.intermediate\.dense$"],
           "mixed-ffn": [r"re:.*\.intermediate\.dense$", r"re:.*layer\.\d+\.output\.dense$"]}
 
@@ -145,7 +147,27 @@ def gptaq(model: nn.Module, batches, sequential: bool) -> nn.Module:
     return q
 
 
+def split_error(model: nn.Module, q: nn.Module, keep: str) -> nn.Module:
+    """A copy of the fp32 ``model`` with only one FP8 rounding of ``q`` (``keep`` = ``"weights"``: its
+    dequantized weights, fp32 activations; ``"acts"``: fp32 weights, inputs rounded with its input scales)."""
+    out = copy.deepcopy(model)
+    for name, m in q.named_modules():
+        if not isinstance(m, FP8Linear):
+            continue
+        lin = out.get_submodule(name)
+        if keep == "weights":
+            lin.weight.data.copy_(fp8_to_float32(m.weight) * m.weight_scale)
+        else:
+            def hook(_m, args, s=m.input_scale, dt=m.weight.dtype):
+                return (fp8_to_float32(quantize_unchecked(args[0], dt, s)) * s,)
+
+            lin.register_forward_pre_hook(hook)
+    return out
+
+
 def quantize(method: str, model, tok, calib: list[str], batches) -> nn.Module:
+    if method in ("weights-only", "acts-only"):
+        return split_error(model, quantize("gptq", model, tok, calib, batches), method.split("-")[0])
     if method.endswith("-ao"):
         gptq_mod.ACT_ORDER = True
         try:

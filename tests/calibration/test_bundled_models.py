@@ -25,9 +25,11 @@ def minilm():
 
 @pytest.mark.slow
 @pytest.mark.xfail(reason="issue 3 bar 0.999 not reached: fp8-channel 0.99745 here (517 calibration tokens: too few "
-                          "for GPTQ), 0.99821 with 256 sentences + GPTQ; per-token dynamic activations give the same "
-                          "(0.99754 / 0.99829), so the static scale is not the limit but e4m3 rounding itself, 63% of it "
-                          "in the FFN (README, Accuracy); open", strict=False)
+                          "for GPTQ); best fp8-channel method measured 0.99846 (1024 sentences, GPTQ with H from all "
+                          "17783 tokens + act-order); GPTAQ-style targets that account for activation rounding "
+                          "(0.99826) or upstream error too (0.99798) do not help. Split: e4m3 activation rounding alone "
+                          "(fp32 weights) gives 0.99909, GPTQ weights alone (fp32 activations) 0.99908, so each half "
+                          "nearly spends the 0.001 budget (benchmarks/minilm_fidelity.py, README Accuracy); open", strict=False)
 def test_minilm_fp8_channel_embedding_cosine(minilm):
     model, tok = minilm
     calib = [s for s in corpus_text("calib").split("\n") if len(s.split()) >= 4][:32]
