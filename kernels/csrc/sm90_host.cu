@@ -53,9 +53,12 @@ const char* make_map(CUtensorMap* map, const void* ptr, int rows, int K, int box
   return msg;
 }
 
-// Output map for the TMA-store epilogue: [M, N] row-major of `out_kind`, box = one 128-byte
-// swizzle row (32 fp32 / 64 16-bit elements) x 64 rows.
-const char* make_out_map(CUtensorMap* map, void* ptr, int M, int N, int out_kind) {
+// Output map for the TMA-store epilogue over [M, N] row-major of `out_kind`, box `box_cols` x 64 rows:
+// the staged blocks use box_cols = one 128-byte swizzle row (32 fp32 / 64 16-bit elements) with the
+// 128-byte swizzle; the tile strip (the last bn % 64 columns of a tile, see staged_cols in
+// sm90_gemm.cuh) uses box_cols = bn % 64 without swizzle (the strip is staged row-major).
+const char* make_out_map(CUtensorMap* map, void* ptr, int M, int N, int out_kind, int box_cols,
+                         CUtensorMapSwizzle swizzle, const char* what) {
   auto fn = encode_fn();
   if (fn == nullptr) return "cuTensorMapEncodeTiled not found through cudaGetDriverEntryPointByVersion";
   const int esize = out_kind == 0 ? 4 : 2;
@@ -64,38 +67,15 @@ const char* make_out_map(CUtensorMap* map, void* ptr, int M, int N, int out_kind
                                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   cuuint64_t dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M)};
   cuuint64_t strides[1] = {static_cast<cuuint64_t>(N) * esize};
-  cuuint32_t box[2] = {static_cast<cuuint32_t>(128 / esize), 64};
+  cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), 64};
   cuuint32_t estr[2] = {1, 1};
   if (reinterpret_cast<uintptr_t>(map) % 64 != 0) return "tensor map storage is not 64-byte aligned";
-  CUresult r = fn(map, dt, 2, ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r == CUDA_SUCCESS) return nullptr;
-  thread_local char msg[256];
-  snprintf(msg, sizeof(msg), "cuTensorMapEncodeTiled failed (CUresult %d) for the output: ptr %p M %d N %d kind %d",
-           static_cast<int>(r), ptr, M, N, out_kind);
-  return msg;
-}
-
-// Map of the tile strip (the last bn % 64 columns of a tile, see staged_cols in sm90_gemm.cuh): box
-// (bn % 64) columns x 64 rows of [M, N] `out_kind`, no swizzle (the strip is staged row-major).
-const char* make_strip_map(CUtensorMap* map, void* ptr, int M, int N, int out_kind, int strip_cols) {
-  auto fn = encode_fn();
-  if (fn == nullptr) return "cuTensorMapEncodeTiled not found through cudaGetDriverEntryPointByVersion";
-  const int esize = out_kind == 0 ? 4 : 2;
-  const CUtensorMapDataType dt = out_kind == 0   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
-                                 : out_kind == 1 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  cuuint64_t dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M)};
-  cuuint64_t strides[1] = {static_cast<cuuint64_t>(N) * esize};
-  cuuint32_t box[2] = {static_cast<cuuint32_t>(strip_cols), 64};
-  cuuint32_t estr[2] = {1, 1};
-  if (reinterpret_cast<uintptr_t>(map) % 64 != 0) return "tensor map storage is not 64-byte aligned";
-  CUresult r = fn(map, dt, 2, ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+  CUresult r = fn(map, dt, 2, ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                   CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r == CUDA_SUCCESS) return nullptr;
   thread_local char msg[256];
-  snprintf(msg, sizeof(msg), "cuTensorMapEncodeTiled failed (CUresult %d) for the output strip: M %d N %d kind %d cols %d",
-           static_cast<int>(r), M, N, out_kind, strip_cols);
+  snprintf(msg, sizeof(msg), "cuTensorMapEncodeTiled failed (CUresult %d) for the %s: ptr %p M %d N %d kind %d box %d",
+           static_cast<int>(r), what, ptr, M, N, out_kind, box_cols);
   return msg;
 }
 
@@ -159,9 +139,13 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
                         ? 1
                         : 0;
   if (la.ep.tma_store) {
-    if (const char* e = make_out_map(&la.tma_out, g.out, g.M, g.N, g.out_kind)) return e;
+    if (const char* e = make_out_map(&la.tma_out, g.out, g.M, g.N, g.out_kind, 128 / esize,
+                                     CU_TENSOR_MAP_SWIZZLE_128B, "output"))
+      return e;
     if (bn % 64 != 0) {
-      if (const char* e = make_strip_map(&la.ep.tma_strip, g.out, g.M, g.N, g.out_kind, bn % 64)) return e;
+      if (const char* e = make_out_map(&la.ep.tma_strip, g.out, g.M, g.N, g.out_kind, bn % 64, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                       "output strip"))
+        return e;
     }
   }
 
