@@ -42,6 +42,8 @@ BIAS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Quantization modes of the extension (the values of kernels/quant_triton.py MODE_STATIC / MODE_TOKEN).
 MODE_STATIC, MODE_TOKEN = 0, 1
 _INT32_MAX = 2**31 - 1
+#: Kernel config choices kept per module (one per distinct M); cleared when full.
+MAX_CACHED_M = 256
 #: Parameters the fast path reads (None-valued entries included) straight from ``_parameters``.
 _PARAMS = ("weight", "weight_scale", "input_scale", "bias")
 #: Pointer alignment TMA needs for the weight operand.
@@ -211,6 +213,8 @@ def forward(mod, x: torch.Tensor) -> "torch.Tensor | None":
     m = numel // k
     cfg = st.configs.get(m)
     if cfg is None:
+        if len(st.configs) >= MAX_CACHED_M:  # many distinct prompt lengths: keep the cache bounded
+            st.configs.clear()
         cfg = st.configs[m] = _kernels().select_config(m, n, k).id
     return _ext.linear_fwd(x, w, p["input_scale"], p["weight_scale"], p["bias"], st.mode, cfg, st.fmt_max, MIN_SCALE)
 
