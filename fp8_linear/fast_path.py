@@ -30,6 +30,7 @@ import torch
 
 from .backends import BACKEND_ENV, get_backend
 from .formats import FP8_DTYPES, MIN_SCALE, fmt_max
+from .gemm import make_problem
 
 logger = logging.getLogger("fp8_linear")
 
@@ -41,13 +42,10 @@ STATE_ATTR = "_fp8_fast_path"
 BIAS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Quantization modes of the extension (the values of kernels/quant_triton.py MODE_STATIC / MODE_TOKEN).
 MODE_STATIC, MODE_TOKEN = 0, 1
-_INT32_MAX = 2**31 - 1
 #: Kernel config choices kept per module (one per distinct M); cleared when full.
 MAX_CACHED_M = 256
 #: Parameters the fast path reads (None-valued entries included) straight from ``_parameters``.
 _PARAMS = ("weight", "weight_scale", "input_scale", "bias")
-#: Pointer alignment TMA needs for the weight operand.
-_TMA_ALIGN = 16
 
 # Reader of the switches (set up on first CUDA use: two names are defined in fp8_linear.kernels).
 _read_switches = None
@@ -123,17 +121,15 @@ def _module_reason(mod) -> tuple[int, str | None]:
     missing = [nm for nm in _PARAMS if nm not in mod._parameters]
     if missing:
         return -1, f"{', '.join(missing)} not registered as parameters (forward reads them from _parameters)"
+    # Shapes, K % 16, alignment and scale kinds are the sm90 backend's own can_run question (asked in
+    # decide); here only what linear_fwd takes as it is, where the generic path would convert.
     w = mod.weight
     if w.dtype not in FP8_DTYPES:
         return -1, f"weight dtype {w.dtype} is not FP8"
-    n, k = w.shape
-    if k % 16 or max(n, k) > _INT32_MAX:
-        return -1, f"weight [N={n}, K={k}]: K must be a multiple of 16 and both below 2**31"
-    if not w.is_contiguous() or w.data_ptr() % _TMA_ALIGN:
-        return -1, "weight is not contiguous and 16-byte aligned"
+    n = w.shape[0]
     ws = mod.weight_scale
-    if ws.dtype != torch.float32 or not ws.is_contiguous() or not (ws.numel() == 1 or tuple(ws.shape) == (n, 1)):
-        return -1, f"weight_scale {ws.dtype} {list(ws.shape)} is not a contiguous fp32 [1] or [{n}, 1]"
+    if ws.dtype != torch.float32 or not ws.is_contiguous():
+        return -1, f"weight_scale {ws.dtype} {list(ws.shape)} is not a contiguous fp32 tensor"
     b = mod.bias
     if b is not None and (b.dtype not in BIAS_DTYPES or not b.is_contiguous() or b.numel() != n):
         return -1, f"bias {b.dtype} {list(b.shape)} is not a contiguous fp32/bf16/fp16 [{n}]"
@@ -147,11 +143,21 @@ def _module_reason(mod) -> tuple[int, str | None]:
     return -1, f"activation granularity {mod.scheme.activation_granularity!r} (only static per-tensor or per-token)"
 
 
+def _probe_problem(mod, device: torch.device):
+    """A one-row GEMM problem with ``mod``'s weight, scales and bias: what the generic path would hand
+    the dispatcher (sm90's ``can_run`` does not depend on M)."""
+    w = mod.weight
+    q = torch.empty((1, w.shape[1]), dtype=w.dtype, device=device)
+    sa = mod.input_scale if mod.input_scale is not None else torch.ones((1, 1), device=device)
+    return make_problem(q, w, sa, mod.weight_scale, mod.bias, torch.bfloat16, check_values=False)
+
+
 def decide(mod, device: torch.device, switches: tuple | None = None) -> FastPathState:
     """Whether ``mod`` (an FP8Linear) takes the fast path on ``device`` under the current switches.
 
     Checks, in order: the switches, the module's scheme and tensors, then the device (CUDA, the sm90
-    backend's ``supports``) and the extension (built here on first use, as the generic path would).
+    backend's ``supports``), the sm90 backend's ``can_run`` on the layer's problem (the generic path's
+    rules) and the extension (built here on first use, as the generic path would).
     """
     sw = switches if switches is not None else _switches()
     key = (device, sw)
@@ -168,9 +174,13 @@ def decide(mod, device: torch.device, switches: tuple | None = None) -> FastPath
     device = torch.device(device)
     if device.type != "cuda":
         return FastPathState(key, False, f"needs a CUDA device, got {device.type}")
-    ok, why = get_backend("sm90").supports(device)
+    sm90 = get_backend("sm90")
+    ok, why = sm90.supports(device)
     if not ok:
         return FastPathState(key, False, f"sm90 backend unavailable: {why}")
+    ok, why = sm90.can_run(_probe_problem(mod, device))
+    if not ok:
+        return FastPathState(key, False, f"sm90 cannot run this layer: {why}")
     global _ext
     try:
         ext = importlib.import_module(_kernels().__name__ + ".jit").load()
