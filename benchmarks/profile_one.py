@@ -1,6 +1,6 @@
 """Launch one sm90 GEMM config on one shape a few times: the target for `ncu` profiling.
 
-Usage: ncu --kernel-name regex:sm90 --launch-skip 2 --launch-count 1 \
+Usage: ncu --kernel-name regex:'sm90|nvjet'  --launch-skip 2 --launch-count 1 \
            python3 -P benchmarks/profile_one.py --config 0 --shape 8192 8192 8192
 """
 
@@ -21,12 +21,14 @@ from fp8_linear.backends.sm90 import kernels_module  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", type=int, default=0)
+    ap.add_argument("--config", type=int, default=0, help="sm90 config id; -1: torch._scaled_mm (cuBLASLt)")
     ap.add_argument("--shape", type=int, nargs=3, default=[8192, 8192, 8192], metavar=("M", "N", "K"))
     ap.add_argument("--launches", type=int, default=4)
     ap.add_argument("--channel", action="store_true", help="per-channel scale_b instead of per-tensor")
     args = ap.parse_args()
     m, n, k = args.shape
+    if args.config < 0 and args.channel:
+        raise SystemExit("profile_one: --channel needs an sm90 config (the cuBLASLt target is per-tensor)")
     kern = kernels_module()
     a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
@@ -34,7 +36,10 @@ def main() -> int:
     sb = torch.rand(n if args.channel else 1, device="cuda") + 0.5
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     for _ in range(args.launches):
-        kern.sm90_gemm_out(a, b, sa, sb, None, out, args.config)
+        if args.config < 0:
+            torch._scaled_mm(a, b.t(), scale_a=sa.reshape(()), scale_b=sb.reshape(()), out_dtype=torch.bfloat16)
+        else:
+            kern.sm90_gemm_out(a, b, sa, sb, None, out, args.config)
     torch.cuda.synchronize()
     print(f"profile_one: config {args.config} {m}x{n}x{k}, {args.launches} launches")
     return 0
