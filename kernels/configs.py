@@ -21,7 +21,6 @@ class KernelConfig:
     cluster: int = 1  # CTAs per cluster (2: B tile multicast to a pair of row-blocks)
     double_acc: bool = False  # two accumulators: issue k-block i+1 before promoting k-block i
     overlap: bool = False  # pipeline across tiles: next tile's first k-blocks run under this tile's epilogue
-    alt: bool = False  # the two consumer warpgroups' epilogues in turn (one runs MMA while the other stores)
 
 
 CONFIGS: tuple[KernelConfig, ...] = (
@@ -37,8 +36,6 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(9, 128, False, 1, 1, True, True),  # 7 + epilogue overlapped with the next tile (v9; slower)
     KernelConfig(10, 144, False, 1, 1, True),  # 7 on a 128 x 144 tile (v10)
     KernelConfig(11, 144, False, 1, 2, True),  # 10 on 2-CTA clusters, B multicast (v11)
-    KernelConfig(12, 128, False, 1, 1, True, alt=True),  # 7 with the epilogues in turn (v12)
-    KernelConfig(13, 144, False, 1, 1, True, alt=True),  # 10 with the epilogues in turn (v12)
 )
 
 #: Config for M > 64 when no candidate below is better (the large-M workhorse): 128 x 128 with two

@@ -10,12 +10,12 @@
 #include "act_quant.h"
 #include "sm90_api.h"
 
-// Argument checks of the functions below. Not TORCH_CHECK: a failing TORCH_CHECK raises c10::Error,
-// which captures a C++ backtrace that is symbolized when pybind11 asks for what(); on the H200 image
-// the first failing check inside this extension crashed the process (segfault, session 3) instead of
-// raising. FP8_CHECK throws a plain std::runtime_error with the same message (no backtrace), which
-// pybind11 turns into a Python RuntimeError. (That this avoids the crash is the working hypothesis:
-// not yet run on the device.)
+// Argument checks of the functions below. On the H200 image the first failing check inside this
+// extension crashed the process (segfault) instead of raising, with TORCH_CHECK (c10::Error) and, in
+// session 4's first run, with this plain std::runtime_error as well: so not c10::Error's backtrace.
+// The crashing check formatted x.strides() into its message; the messages now stream only integers
+// and C strings (dims_str, dtype_str, dev_str below). Normal use never reaches these checks (the
+// Python side validates first).
 #define FP8_CHECK(cond, ...) \
   do {                       \
     if (!(cond)) throw std::runtime_error(c10::str(__VA_ARGS__)); \
@@ -23,10 +23,23 @@
 
 namespace {
 
+// Message pieces built here from plain integers and C strings: the messages do not stream torch
+// objects (IntArrayRef, Device, ScalarType) through libc10's operators (one suspect of the crash
+// described at FP8_CHECK).
+std::string dims_str(at::IntArrayRef d) {
+  std::string out = "[";
+  for (size_t i = 0; i < d.size(); ++i) out += (i ? ", " : "") + std::to_string(d[i]);
+  return out + "]";
+}
+const char* dtype_str(at::ScalarType t) { return c10::toString(t); }
+std::string dev_str(const at::Tensor& t) {
+  return t.is_cuda() ? "cuda:" + std::to_string(t.get_device()) : std::string(t.is_cpu() ? "cpu" : "other");
+}
+
 int fmt_code(const at::Tensor& t, const char* name) {
   if (t.scalar_type() == at::ScalarType::Float8_e4m3fn) return 0;
   if (t.scalar_type() == at::ScalarType::Float8_e5m2) return 1;
-  FP8_CHECK(false, name, ": expected float8_e4m3fn or float8_e5m2, got ", t.scalar_type());
+  FP8_CHECK(false, name, ": expected float8_e4m3fn or float8_e5m2, got ", dtype_str(t.scalar_type()));
   return -1;
 }
 
@@ -67,7 +80,7 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
       case at::kFloat: g.bias_kind = 1; break;
       case at::kBFloat16: g.bias_kind = 2; break;
       case at::kHalf: g.bias_kind = 3; break;
-      default: FP8_CHECK(false, "sm90_gemm: bias must be float32, bfloat16 or float16, got ", bt.scalar_type());
+      default: FP8_CHECK(false, "sm90_gemm: bias must be float32, bfloat16 or float16, got ", dtype_str(bt.scalar_type()));
     }
   }
   g.out = out.data_ptr();
@@ -75,7 +88,7 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
     case at::kFloat: g.out_kind = 0; break;
     case at::kBFloat16: g.out_kind = 1; break;
     case at::kHalf: g.out_kind = 2; break;
-    default: FP8_CHECK(false, "sm90_gemm: out must be float32, bfloat16 or float16, got ", out.scalar_type());
+    default: FP8_CHECK(false, "sm90_gemm: out must be float32, bfloat16 or float16, got ", dtype_str(out.scalar_type()));
   }
   g.config = static_cast<int>(config);
   g.force_direct_store = (flags & 1) ? 1 : 0;
@@ -90,7 +103,7 @@ int act_kind(const at::Tensor& x, const char* name) {
     case at::kFloat: return fp8act::kF32;
     case at::kBFloat16: return fp8act::kBF16;
     case at::kHalf: return fp8act::kF16;
-    default: FP8_CHECK(false, name, ": expected float32, bfloat16 or float16, got ", x.scalar_type());
+    default: FP8_CHECK(false, name, ": expected float32, bfloat16 or float16, got ", dtype_str(x.scalar_type()));
   }
   return -1;
 }
@@ -100,12 +113,12 @@ int act_kind(const at::Tensor& x, const char* name) {
 void act_quant_into(const at::Tensor& x, at::Tensor& q, at::Tensor& scale, int64_t mode, double fmt_max,
                     double min_scale) {
   FP8_CHECK(x.is_cuda() && q.device() == x.device() && scale.device() == x.device(),
-              "act_quant: x, q and scale must be on one CUDA device, got ", x.device(), ", ", q.device(), " and ",
-              scale.device());
+              "act_quant: x, q and scale must be on one CUDA device, got ", dev_str(x), ", ", dev_str(q), " and ",
+              dev_str(scale));
   FP8_CHECK(x.dim() == 2, "act_quant: x must be 2-D [rows, K], got ", x.dim(), " dims");
   FP8_CHECK(x.size(1) <= 1 || x.stride(1) == 1, "act_quant: x must have a contiguous last dim, got strides ",
-              x.strides());
-  FP8_CHECK(q.is_contiguous() && q.sizes() == x.sizes(), "act_quant: q must be a contiguous ", x.sizes());
+              dims_str(x.strides()));
+  FP8_CHECK(q.is_contiguous() && q.sizes() == x.sizes(), "act_quant: q must be a contiguous ", dims_str(x.sizes()));
   FP8_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous(), "act_quant: scale must be contiguous float32");
   const int64_t rows = x.size(0), K = x.size(1);
   const int64_t want = mode == fp8act::kStatic ? 1 : mode == fp8act::kToken ? rows
@@ -162,7 +175,7 @@ at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::
   FP8_CHECK(act_mode == fp8act::kStatic || act_mode == fp8act::kToken,
               "linear_fwd: act_mode must be 0 (static) or 1 (per-token), got ", act_mode);
   FP8_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1),
-              "linear_fwd: x [..., K] and weight [N, K] expected, got ", x.sizes(), " and ", weight.sizes());
+              "linear_fwd: x [..., K] and weight [N, K] expected, got ", dims_str(x.sizes()), " and ", dims_str(weight.sizes()));
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t K = weight.size(1), N = weight.size(0);
   const at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, K});

@@ -22,10 +22,7 @@ namespace fp8sm90 {
 //   10 : (144, false, 1, 1)   as 7 on a 128 x 144 tile (the tile cuBLASLt picks for most large shapes):
 //                             6% less operand traffic per FLOP, other wave counts; consumers at 240 registers
 //   11 : (144, false, 1, 2)   as 10 on 2-CTA clusters, B tile multicast (cuBLASLt's 144 x 128, cluster 1x2)
-//   12 : (128, false, 1, 1)   as 7 with the two consumer warpgroups' epilogues in turn (ALT): the tensor
-//                             cores run one warpgroup's k-blocks while the other stores its half tile
-//   13 : (144, false, 1, 1)   as 10 with ALT
-enum { kNumConfigs = 14 };
+enum { kNumConfigs = 12 };
 
 struct GemmArgs {
   const void* a;  // [M, K] fp8, K-contiguous

@@ -35,11 +35,6 @@ constexpr int kBK = 128;
 constexpr int kThreads = 384;
 constexpr int kSmemLimit = 227 * 1024;
 constexpr int kGroupM = 16;  // tile raster: groups of kGroupM row-blocks, column-major inside a group
-// Named barriers (0 is __syncthreads; 1 and 2 are the consumer warpgroups' own, 128 threads each).
-// ALT: "WG 0 finished the epilogue of its current tile" / "WG 1 finished the epilogue of its previous
-// tile", 256 threads each (one warpgroup arrives, the other waits).
-constexpr int kBarEpiDone0 = 3;
-constexpr int kBarEpiDone1 = 4;
 
 struct EpiParams {
   // TMA store map of a tile's register strip (its last BN % 64 columns, see staged_cols): box
@@ -552,7 +547,7 @@ __device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const Ep
   epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
 }
 
-template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL, bool ALT = false>
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const __grid_constant__ CUtensorMap tma_out, int rows_a, int rows_b, int K,
@@ -562,7 +557,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int S = C::kStages;
   // 1024-byte alignment (the 128B swizzle atom) declared, not padded for: dynamic shared memory starts at
   // the declared alignment (there is no static shared memory), which keeps the 1 KB that a run-time
-  // round-up would need (config 7: a 6th stage).
+  // round-up would need (the 128-wide configs: a 6th stage).
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw;
   const SmemLayout<BN, SWAP> L(smem);
@@ -642,15 +637,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
 
-      if constexpr (ALT) {  // epilogues in turn: WG 1 after WG 0's of this tile, WG 0 after WG 1's previous one
-        if (cw == 1) named_bar_sync(kBarEpiDone0, 256);
-        else if (t != first_tile) named_bar_sync(kBarEpiDone1, 256);
-      }
       finish_tile<BN, SWAP>(fin, ep, pf, vec, ctile, &tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
-      if constexpr (ALT) {
-        if (cw == 0) named_bar_arrive(kBarEpiDone0, 256);
-        else if (t + tile_step < num_tiles) named_bar_arrive(kBarEpiDone1, 256);
-      }
     }
     if (!SWAP && tid == 0) bulk_wait0();
   }
@@ -836,7 +823,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int S = C::kStages;
   // 1024-byte alignment (the 128B swizzle atom) declared, not padded for: dynamic shared memory starts at
   // the declared alignment (there is no static shared memory), which keeps the 1 KB that a run-time
-  // round-up would need (config 7: a 6th stage).
+  // round-up would need (the 128-wide configs: a 6th stage).
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw;
   const SmemLayout<BN, false> L(smem);
@@ -873,25 +860,25 @@ struct LaunchArgs {
 
 // The kernel of a config: OVL selects the cross-tile pipelined consumers (config 9), which exist only for
 // the non-swapped, single-CTA, two-accumulator case.
-template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL, bool OVL, bool ALT>
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL, bool OVL>
 constexpr auto kernel_of() {
   if constexpr (OVL) {
-    static_assert(!SWAP && NACC == 1 && CL == 1 && DBL && !ALT, "OVL is config 7's layout with the pipeline across tiles");
+    static_assert(!SWAP && NACC == 1 && CL == 1 && DBL, "OVL is config 7's layout with the pipeline across tiles");
     return &fp8_gemm_sm90_overlap_kernel<BN, FA, FB>;
   } else {
-    return &fp8_gemm_sm90_kernel<BN, SWAP, NACC, CL, FA, FB, DBL, ALT>;
+    return &fp8_gemm_sm90_kernel<BN, SWAP, NACC, CL, FA, FB, DBL>;
   }
 }
 
-template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL = false, bool OVL = false, bool ALT = false>
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL = false, bool OVL = false>
 const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
   using C = TileCfg<BN, SWAP>;
   if constexpr (OVL) {
     // consumer_stream issues a tile's second k-block early: a one-k-block tile (K <= 128) runs config 7's
     // kernel instead (nothing to overlap there anyway).
-    if (la.K <= kBK) return launch_one<BN, SWAP, NACC, CL, FA, FB, DBL, false, ALT>(la, stream);
+    if (la.K <= kBK) return launch_one<BN, SWAP, NACC, CL, FA, FB, DBL, false>(la, stream);
   }
-  auto kernel = kernel_of<BN, SWAP, NACC, CL, FA, FB, DBL, OVL, ALT>();
+  auto kernel = kernel_of<BN, SWAP, NACC, CL, FA, FB, DBL, OVL>();
   // Once per instance and device (not on every launch: later calls, CUDA graph capture included, see
   // only the launch).
   static std::atomic<uint64_t> done_mask{0};
@@ -928,9 +915,9 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
     max_clusters[dev & 63].store(n, std::memory_order_relaxed);
     if (const char* v = getenv("FP8_LINEAR_SM90_VERBOSE"); v != nullptr && v[0] == '1') {
       fprintf(stderr,
-              "fp8_linear sm90: BN=%d swap=%d nacc=%d cluster=%d dbl=%d ovl=%d alt=%d stages=%d smem=%d: grid up to %d "
+              "fp8_linear sm90: BN=%d swap=%d nacc=%d cluster=%d dbl=%d ovl=%d stages=%d smem=%d: grid up to %d "
               "clusters (occupancy query: %d)\n",
-              BN, int(SWAP), NACC, CL, int(DBL), int(OVL), int(ALT), C::kStages, C::kSmem, n, active);
+              BN, int(SWAP), NACC, CL, int(DBL), int(OVL), C::kStages, C::kSmem, n, active);
     }
     done_mask.fetch_or(bit, std::memory_order_acq_rel);
   }
@@ -961,18 +948,15 @@ const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
     case 9: return launch_one<128, false, 1, 1, FA, FB, true, true>(la, stream);
     case 10: return launch_one<144, false, 1, 1, FA, FB, true>(la, stream);
     case 11: return launch_one<144, false, 1, 2, FA, FB, true>(la, stream);
-    case 12: return launch_one<128, false, 1, 1, FA, FB, true, false, true>(la, stream);
-    case 13: return launch_one<144, false, 1, 1, FA, FB, true, false, true>(la, stream);
     default: return "unknown kernel config";
   }
 }
 
 // Tile width and operand order of each config (host side).
 inline void config_shape(int config, int& bn, bool& swap, int& cluster) {
-  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192, 128, 128, 128, 144, 144, 128, 144};
-  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false,
-                                          false, false, false, false, false, false, false};
-  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1, 1, 2, 1, 1, 2, 1, 1};
+  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192, 128, 128, 128, 144, 144};
+  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false, false, false, false, false, false};
+  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1, 1, 2, 1, 1, 2};
   bn = kBN[config];
   swap = kSwap[config];
   cluster = kCluster[config];

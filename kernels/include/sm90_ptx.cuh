@@ -78,10 +78,6 @@ __device__ __forceinline__ void stmatrix_x4(void* dst, uint32_t r0, uint32_t r1,
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
-// Arrive on named barrier `id` (of `count` threads) without waiting for it.
-__device__ __forceinline__ void named_bar_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
 
 
 // ---------------------------------------------------------------- clusters

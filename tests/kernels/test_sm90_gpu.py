@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import zlib
 
 import pytest
 import torch
@@ -36,6 +37,14 @@ FMTS = [(E4, E4), (E4, E5), (E5, E4), (E5, E5)]
 OUTS = [torch.bfloat16, torch.float16, torch.float32]
 SCALES = [("tensor", "tensor"), ("row", "tensor"), ("tensor", "row"), ("row", "row")]
 DEV = "cuda"
+
+
+@pytest.fixture(autouse=True)
+def _seed_per_test(request):
+    """Inputs drawn from a seed of the test's own id, so that a failure reproduces alone and does not
+    move when tests are added (the bars of small outputs, e.g. 72 elements, sit close to the tensor
+    core's own accumulation error in unlucky draws: NOTES.md v12)."""
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
 def _fp8(rows, k, dtype, gen=None):
@@ -226,17 +235,18 @@ def test_many_tiles_per_cta(m, n, k, out_dtype, cfg):
 
 #: Schedule variants sum the same k-block partials in the same order as their base config and share
 #: its epilogue; only the schedule differs, so their output must be bitwise identical: config 9
-#: (pipeline across tiles) and config 12 (epilogues in turn) against config 7, config 13 against 10.
-SCHEDULE_VARIANTS = [c.id for c in configs.CONFIGS if c.overlap or c.alt]
+#: (pipeline across tiles) against config 7.
+SCHEDULE_VARIANTS = [c.id for c in configs.CONFIGS if c.overlap]
 
 
 def _schedule_base(cid: int) -> int:
     v = configs.CONFIGS[cid]
-    return next(c.id for c in configs.CONFIGS if c.double_acc and not c.overlap and not c.alt and c.cluster == 1
+    return next(c.id for c in configs.CONFIGS if c.double_acc and not c.overlap and c.cluster == 1
                 and c.block_n == v.block_n and not c.swap_ab)
 
 
-@pytest.mark.parametrize("m, n, k", [*MULTI_TILE, (129, 200, 16400), (4096, 4104, 1040)])
+@pytest.mark.parametrize("m, n, k", [*MULTI_TILE, (129, 200, 16400), (4096, 4104, 1040), (4096, 4104, 1024),
+                                     (2100, 1800, 2048), (300, 136, 4096)])
 @pytest.mark.parametrize("out_dtype", OUTS)
 @pytest.mark.parametrize("cid", SCHEDULE_VARIANTS)
 def test_schedule_variant_bitwise_equals_base(m, n, k, out_dtype, cid):
