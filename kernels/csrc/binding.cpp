@@ -4,28 +4,41 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
+#include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "act_quant.h"
 #include "sm90_api.h"
 
-// Argument checks of the functions below. On the H200 image the first failing check inside this
-// extension crashed the process (segfault) instead of raising, with TORCH_CHECK (c10::Error) and, in
-// session 4's first run, with this plain std::runtime_error as well: so not c10::Error's backtrace.
-// The crashing check formatted x.strides() into its message; the messages now stream only integers
-// and C strings (dims_str, dtype_str, dev_str below). Normal use never reaches these checks (the
-// Python side validates first).
+// Argument checks of the functions below. Messages are built with std::to_string and string
+// appends only, never with an ostream: on the H200 image (session 4, run C) a check streaming an
+// integer through c10::str (std::ostringstream) crashed the process with a segfault, whether it threw
+// c10::Error (TORCH_CHECK) or std::runtime_error, while the same checks with string-only messages
+// raised normally. (Likely a libstdc++ mismatch between this g++ 13 build and the libstdc++ the
+// process loaded first, in the ostream's locale facets.) FP8_CHECK throws std::runtime_error, which
+// pybind11 turns into a Python RuntimeError.
+inline void fp8_append(std::string& s, const char* v) { s += v; }
+inline void fp8_append(std::string& s, const std::string& v) { s += v; }
+template <typename T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>
+inline void fp8_append(std::string& s, T v) {
+  s += std::to_string(v);
+}
+template <typename... A>
+std::string fp8_msg(const A&... a) {
+  std::string s;
+  (fp8_append(s, a), ...);
+  return s;
+}
 #define FP8_CHECK(cond, ...) \
   do {                       \
-    if (!(cond)) throw std::runtime_error(c10::str(__VA_ARGS__)); \
+    if (!(cond)) throw std::runtime_error(fp8_msg(__VA_ARGS__)); \
   } while (0)
 
 namespace {
 
-// Message pieces built here from plain integers and C strings: the messages do not stream torch
-// objects (IntArrayRef, Device, ScalarType) through libc10's operators (one suspect of the crash
-// described at FP8_CHECK).
+// Message pieces for FP8_CHECK, without ostreams (see above).
 std::string dims_str(at::IntArrayRef d) {
   std::string out = "[";
   for (size_t i = 0; i < d.size(); ++i) out += (i ? ", " : "") + std::to_string(d[i]);
