@@ -3,6 +3,7 @@
 #include <cudaTypedefs.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 
@@ -16,6 +17,17 @@ extern template const char* launch_fmt<1, 0>(const LaunchArgs&, cudaStream_t);
 extern template const char* launch_fmt<1, 1>(const LaunchArgs&, cudaStream_t);
 
 namespace {
+
+// Tile raster group height (row-blocks per group, see tile_coords): kGroupM, or the environment
+// variable FP8_LINEAR_SM90_GROUP_M (1..4096; read at every launch, for raster experiments in
+// benchmarks: e.g. benchmarks/raster_bench.py). Any value gives the same results, bit for bit: only
+// the order in which the persistent CTAs take the tiles changes.
+int raster_group_m() {
+  const char* v = getenv("FP8_LINEAR_SM90_GROUP_M");
+  if (v == nullptr || v[0] == '\0') return kGroupM;
+  const int g = atoi(v);
+  return g >= 1 && g <= 4096 ? g : kGroupM;
+}
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
@@ -124,6 +136,7 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   la.ep.out_kind = g.out_kind;
   la.ep.M = g.M;
   la.ep.N = g.N;
+  la.ep.group_m = raster_group_m();
 
   const void* ka = swap ? g.b : g.a;
   const void* kb = swap ? g.a : g.b;

@@ -34,7 +34,9 @@ constexpr int kBM = 128;
 constexpr int kBK = 128;
 constexpr int kThreads = 384;
 constexpr int kSmemLimit = 227 * 1024;
-constexpr int kGroupM = 16;  // tile raster: groups of kGroupM row-blocks, column-major inside a group
+// Tile raster: groups of EpiParams::group_m row-blocks (pair-rows with clusters), column-major inside a
+// group, so that a group's A panel stays in L2 while its columns go by. kGroupM is the default.
+constexpr int kGroupM = 16;
 
 struct EpiParams {
   // TMA store map of a tile's register strip (its last BN % 64 columns, see staged_cols): box
@@ -49,6 +51,7 @@ struct EpiParams {
   int M, N;  // output dims
   int sa_row, sb_row, bias_kind, out_kind;
   int tma_store;  // 1: epilogue through shared memory + TMA store (non-swap, N * esize % 16 == 0)
+  int group_m;    // tile raster group height in row-blocks (kGroupM unless overridden, see sm90_host.cu)
 };
 
 // Columns of a BN-wide tile that go through the swizzled TMA-store staging buffer: whole 64-column
@@ -94,11 +97,11 @@ struct RegSplit {
   static_assert(128 * kProducer + 256 * kConsumer <= 65536, "register file");
 };
 
-__device__ __forceinline__ void tile_coords(int t, int num_m, int num_n, int& mb, int& nb) {
-  const int per_group = kGroupM * num_n;
+__device__ __forceinline__ void tile_coords(int t, int num_m, int num_n, int group_m, int& mb, int& nb) {
+  const int per_group = group_m * num_n;
   const int g = t / per_group;
-  const int first_m = g * kGroupM;
-  const int gsize = min(kGroupM, num_m - first_m);
+  const int first_m = g * group_m;
+  const int gsize = min(group_m, num_m - first_m);
   const int r = t - g * per_group;
   mb = first_m + r % gsize;
   nb = r / gsize;
@@ -506,12 +509,12 @@ template <int BN, int CL, int S, int kStageA, int kStageB, int kStage>
 __device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CUtensorMap* tma_b, uint8_t* sA,
                                               uint8_t* sB, uint64_t* full, uint64_t* empty, int first_tile,
                                               int num_tiles, int tile_step, int num_mp, int num_n, int num_kb,
-                                              uint32_t rank) {
+                                              uint32_t rank, int group_m) {
   int stage = 0;
   uint32_t phase = 0;
   for (int t = first_tile; t < num_tiles; t += tile_step) {
     int mb, nb;
-    tile_coords(t, num_mp, num_n, mb, nb);
+    tile_coords(t, num_mp, num_n, group_m, mb, nb);
     mb = mb * CL + rank;
     for (int kb = 0; kb < num_kb; ++kb) {
       mbar_wait(&empty[stage], phase ^ 1);
@@ -590,7 +593,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<RegSplit<BN, DBL>::kProducer>();
     if (threadIdx.x == 0) {
       producer_loop<BN, CL, S, C::kStageA, C::kStageB, C::kStage>(&tma_a, &tma_b, sA, sB, full, empty, first_tile,
-                                                                  num_tiles, tile_step, num_mp, num_n, num_kb, rank);
+                                                                  num_tiles, tile_step, num_mp, num_n, num_kb, rank,
+                                                                  ep.group_m);
     }
   } else {
     // ------------------------------------------------------------ consumers
@@ -606,7 +610,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t phase = 0;
     for (int t = first_tile; t < num_tiles; t += tile_step) {
       int mb, nb;
-      tile_coords(t, num_mp, num_n, mb, nb);
+      tile_coords(t, num_mp, num_n, ep.group_m, mb, nb);
       mb = mb * CL + rank;
       const int lr0 = warp * 16 + lane / 4;  // local row inside the warpgroup's 64 rows
       const int tile_row0 = mb * kBM + cw * 64;
@@ -730,7 +734,7 @@ __device__ __forceinline__ void consumer_stream(const SmemLayout<BN, false>& L, 
   // Tile t's coordinates and epilogue operands (loaded now, used after its k-blocks); fin = 0.
   auto begin_tile = [&]() {
     int mb, nb;
-    tile_coords(t, num_m, num_n, mb, nb);
+    tile_coords(t, num_m, num_n, ep.group_m, mb, nb);
     tile_row0 = mb * kBM + cw * 64;
     col_base = nb * BN;
     epi_prefetch<BN, false>(pf, ep, tile_row0 + lr0, col_base, tid);
@@ -841,7 +845,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       producer_loop<BN, 1, S, C::kStageA, C::kStageB, C::kStage>(&tma_a, &tma_b, L.sA, L.sB, L.full, L.empty,
                                                                  blockIdx.x, num_tiles, gridDim.x, num_m, num_n,
-                                                                 num_kb, 0);
+                                                                 num_kb, 0, ep.group_m);
     }
   } else {
     setmaxnreg_inc<232>();

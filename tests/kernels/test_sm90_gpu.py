@@ -258,6 +258,18 @@ def test_schedule_variant_bitwise_equals_base(m, n, k, out_dtype, cid):
     assert torch.equal(out, ref), f"config {cid} differs from config {base}: max |diff| {(out.double() - ref.double()).abs().max().item()}"
 
 
+#: The tile raster (row-blocks per group, FP8_LINEAR_SM90_GROUP_M) only reorders the tiles among the
+#: persistent CTAs: every group height gives the same bits.
+@pytest.mark.parametrize("cfg", [7, 10, 11])
+def test_raster_group_is_bitwise_neutral(cfg, monkeypatch):
+    a, b, sa, sb, bias = make_inputs(2100, 1800, 1280, E4, E4, "row", "row", torch.bfloat16)
+    ref = run_poisoned(a, b, sa, sb, bias, torch.bfloat16, cfg)
+    for g in (1, 3, 64, 4096):
+        monkeypatch.setenv("FP8_LINEAR_SM90_GROUP_M", str(g))
+        out = run_poisoned(a, b, sa, sb, bias, torch.bfloat16, cfg)
+        assert torch.equal(out, ref), f"config {cfg}, group_m {g}"
+
+
 # --------------------------------------------------------------- DESIGN (Llama) shapes
 LLAMA_NK = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
             (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)]

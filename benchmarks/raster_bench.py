@@ -1,0 +1,92 @@
+"""Steady-state timing of the sm90 kernel's tile raster (row-blocks per group) against cuBLASLt.
+
+The persistent CTAs walk the output tiles in groups of ``group_m`` row-blocks, column-major inside a
+group (``tile_coords`` in kernels/include/sm90_gemm.cuh); the group height sets how long a group's A
+panel and the B columns in flight stay in L2. This script times forced configs under several group
+heights (the FP8_LINEAR_SM90_GROUP_M override, read at each launch) in the steady state of
+benchmarks/steady_bench.py: each candidate alone for ``--burn`` s, then ``do_bench`` for ``--rep`` ms,
+A/B/B/A over ``--rounds``; best of the rounds' medians.
+
+Usage: python benchmarks/raster_bench.py [--configs 7,10] [--groups 8,16,32,64] [--shapes MxNxK,...]
+       [--burn 0.3] [--rep 200] [--rounds 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import sys
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+
+from fp8_linear.backends.sm90 import kernels_module  # noqa: E402
+
+ENV = "FP8_LINEAR_SM90_GROUP_M"
+DEFAULT_SHAPES = ("8192x6144x4096,8192x4096x4096,4096x28672x4096,8192x28672x4096,8192x10240x8192,"
+                  "8192x8192x8192,6144x6144x1280,2048x6144x4096")
+
+
+def main() -> int:
+    from triton.testing import do_bench
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", default="7,10")
+    ap.add_argument("--groups", default="8,16,32,64")
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES)
+    ap.add_argument("--burn", type=float, default=0.3)
+    ap.add_argument("--rep", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    cfgs = [int(c) for c in args.configs.split(",") if c.strip()]
+    groups = [int(g) for g in args.groups.split(",") if g.strip()]
+    kern = kernels_module()
+    e4, bf = torch.float8_e4m3fn, torch.bfloat16
+    keys = [f"c{c}g{g}" for c in cfgs for g in groups]
+    print(f"{'shape':>18} {'cuBLASLt':>8} | " + " ".join(f"{k:>8}" for k in keys) + "   (TFLOPS)", flush=True)
+    rows = []
+    for spec in args.shapes.split(","):
+        m, n, k = (int(x) for x in spec.split("x"))
+        a = torch.randn(m, k, device="cuda").to(e4)
+        b = torch.randn(n, k, device="cuda").to(e4)
+        s1, s2 = torch.tensor([0.7], device="cuda"), torch.tensor([1.3], device="cuda")
+        fns = {"cublas": lambda: torch._scaled_mm(a, b.t(), scale_a=s1.reshape(()), scale_b=s2.reshape(()), out_dtype=bf)}
+        for c in cfgs:
+            for g in groups:
+                def fn(c=c, g=g):
+                    os.environ[ENV] = str(g)
+                    return kern.sm90_gemm(a, b, s1, s2, None, bf, c)
+                fns[f"c{c}g{g}"] = fn
+        times = {key: [] for key in fns}
+        order = list(fns)
+        for rnd in range(args.rounds):
+            for key in (order if rnd % 2 == 0 else order[::-1]):
+                t0 = time.perf_counter()
+                while time.perf_counter() - t0 < args.burn:
+                    for _ in range(10):
+                        fns[key]()
+                    torch.cuda.synchronize()
+                times[key].append(do_bench(fns[key], warmup=10, rep=args.rep, return_mode="median"))
+        os.environ.pop(ENV, None)
+        tf = {key: 2 * m * n * k / (min(ts) * 1e-3) / 1e12 for key, ts in times.items()}
+        rows.append({"M": m, "N": n, "K": k, "tflops": tf})
+        print(f"{spec:>18} {tf['cublas']:8.0f} | " + " ".join(f"{tf[k]:8.0f}" for k in keys), flush=True)
+        del a, b
+    for key in keys:
+        gm = math.exp(sum(math.log(r["tflops"][key] / r["tflops"]["cublas"]) for r in rows) / len(rows))
+        print(f"geomean {key} / cuBLASLt over {len(rows)} shapes: {gm:.3f}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
