@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: build, SASS check, tests, sanitizers, benchmark. Stages chosen by args:
-#   benchmarks/device_run.sh build tests quickbench bench steady host sanitize
+#   benchmarks/device_run.sh build tests quickbench bench steady energy raster host sanitize
 # Logs go to $OUT (or ./out).
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -77,6 +77,16 @@ jit=importlib.import_module(kernels_module().__name__+'.jit'); t=time.perf_count
       # steady-state A/B (each candidate alone 0.4 s, then timed): STEADY_SET (five|judged), STEADY_CONFIGS
       timeout 420 python3 -P benchmarks/steady_bench.py --set "${STEADY_SET:-judged}" --configs "${STEADY_CONFIGS:-}" \
         --burn 0.4 --rep 300 --rounds 2 --json "$OUT/steady-${BENCH_TAG:-run}.json" 2>&1 | tee "$OUT/steady.txt"
+      ;;
+    energy)
+      # SM clock, watts and tensor-core use per clock of cuBLASLt, auto and ENERGY_CONFIGS (NVML)
+      timeout 200 python3 -P benchmarks/energy_bench.py --configs "${ENERGY_CONFIGS:-7,10}" \
+        --json "$OUT/energy.json" 2>&1 | tee "$OUT/energy.txt"
+      ;;
+    raster)
+      # tile raster group heights (FP8_LINEAR_SM90_GROUP_M) for RASTER_CONFIGS
+      timeout 200 python3 -P benchmarks/raster_bench.py --configs "${RASTER_CONFIGS:-7,10}" \
+        --json "$OUT/raster.json" 2>&1 | tee "$OUT/raster.txt"
       ;;
     host)
       # host-side microseconds per decode-size call, piece by piece (+ a profiler table)

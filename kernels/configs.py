@@ -50,6 +50,8 @@ LARGE_M_CONFIG = 7
 #: only where its coarser waves and costlier epilogue cost less than its per-FLOP gain. Config 10's
 #: pair (1.019 x config 7's throughput, 2.0 k-blocks like config 7) is the least-squares fit to the
 #: 27-shape steady-state run 17 (its strip through TMA); config 7's 2 k-blocks is v8's tile-boundary cost.
+#: Checked again after config 7 got its sixth stage (session 4, run 3, forced 7 and 10 on the 27 shapes):
+#: this choice gives 0.986 of cuBLASLt, the per-shape best 0.988, a refit 0.987; left as it is.
 LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
     (LARGE_M_CONFIG, 1.107, 2.0),  # run 12
     (6, 1.086, 2.0),  # run 12
