@@ -67,6 +67,11 @@ constexpr int strip_bytes() {  // per consumer warpgroup
   return 64 * (BN % 64) * 4;
 }
 
+// The kernels' dynamic shared memory. The 1024-byte alignment (the 128B swizzle atom) is declared, not
+// padded for: dynamic shared memory starts at the declared alignment (there is no static shared
+// memory), which keeps the 1 KB that a run-time round-up would need (the 128-wide configs: a 6th stage).
+extern __shared__ __align__(1024) uint8_t g_smem[];
+
 template <int BN, bool SWAP>
 struct TileCfg {
   static constexpr int kStageA = kBM * kBK;
@@ -558,11 +563,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   using C = TileCfg<BN, SWAP>;
   constexpr int S = C::kStages;
-  // 1024-byte alignment (the 128B swizzle atom) declared, not padded for: dynamic shared memory starts at
-  // the declared alignment (there is no static shared memory), which keeps the 1 KB that a run-time
-  // round-up would need (the 128-wide configs: a 6th stage).
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* smem = smem_raw;
+  uint8_t* smem = g_smem;
   const SmemLayout<BN, SWAP> L(smem);
   uint8_t* sA = L.sA;
   uint8_t* sB = L.sB;
@@ -825,11 +826,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   using C = TileCfg<BN, false>;
   constexpr int S = C::kStages;
-  // 1024-byte alignment (the 128B swizzle atom) declared, not padded for: dynamic shared memory starts at
-  // the declared alignment (there is no static shared memory), which keeps the 1 KB that a run-time
-  // round-up would need (the 128-wide configs: a 6th stage).
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* smem = smem_raw;
+  uint8_t* smem = g_smem;
   const SmemLayout<BN, false> L(smem);
   const int num_m = (rows_a + kBM - 1) / kBM;
   const int num_n = (rows_b + BN - 1) / BN;
