@@ -31,7 +31,7 @@ def main() -> int:
     shapes = [(1, 72, 48), (7, 200, 16), (129, 8, 1040), (64, 136, 272), (200, 264, 400)]
     # More 128 x 128 tiles (144, 153) than SMs, so CTAs cross tile boundaries (the reuse of the epilogue's
     # staging, config 9's pipeline across tiles): one, an even and an odd number of k-blocks per tile.
-    # Only for the default large-M config and the overlap configs: these shapes are ~40x the outputs of
+    # Only for the default large-M config and the schedule variants (overlap, carry): these shapes are ~40x the outputs of
     # the small ones, and racecheck's time grows with the shared-memory stores of the epilogue.
     multi_tile = [(1100, 2000, 112), (1030, 2056, 256), (1100, 2000, 384)]
     bad = 0
@@ -39,7 +39,7 @@ def main() -> int:
     cfgs = [int(c) for c in args.configs.split(",") if c.strip()] or list(range(len(configs.CONFIGS)))
     for cfg in cfgs:
         c = configs.CONFIGS[cfg]
-        cfg_shapes = shapes + (multi_tile if c.overlap or c.id == configs.LARGE_M_CONFIG else [])
+        cfg_shapes = shapes + (multi_tile if c.overlap or c.carry or c.id == configs.LARGE_M_CONFIG else [])
         for i, (m, n, k) in enumerate(cfg_shapes):
             fa, fb = fmts[(cfg + i) % 4]
             od = outs[(cfg + i) % 3]

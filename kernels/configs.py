@@ -21,6 +21,7 @@ class KernelConfig:
     cluster: int = 1  # CTAs per cluster (2: B tile multicast to a pair of row-blocks)
     double_acc: bool = False  # two accumulators: issue k-block i+1 before promoting k-block i
     overlap: bool = False  # pipeline across tiles: next tile's first k-blocks run under this tile's epilogue
+    carry: bool = False  # the next tile's first k-block issued before this tile's epilogue (even k-blocks)
 
 
 CONFIGS: tuple[KernelConfig, ...] = (
@@ -36,6 +37,8 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(9, 128, False, 1, 1, True, True),  # 7 + epilogue overlapped with the next tile (v9; slower)
     KernelConfig(10, 144, False, 1, 1, True),  # 7 on a 128 x 144 tile (v10)
     KernelConfig(11, 144, False, 1, 2, True),  # 10 on 2-CTA clusters, B multicast (v11)
+    KernelConfig(12, 128, False, 1, 1, True, carry=True),  # 7, next tile's kb 0 under the epilogue (v13, not run)
+    KernelConfig(13, 144, False, 1, 1, True, carry=True),  # 10, the same (v13, not run)
 )
 
 #: Config for M > 64 when no candidate below is better (the large-M workhorse): 128 x 128 with two

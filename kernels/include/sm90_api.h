@@ -22,7 +22,11 @@ namespace fp8sm90 {
 //   10 : (144, false, 1, 1)   as 7 on a 128 x 144 tile (the tile cuBLASLt picks for most large shapes):
 //                             6% less operand traffic per FLOP, other wave counts; consumers at 240 registers
 //   11 : (144, false, 1, 2)   as 10 on 2-CTA clusters, B tile multicast (cuBLASLt's 144 x 128, cluster 1x2)
-enum { kNumConfigs = 12 };
+//   12 : (128, false, 1, 1)   as 7 with each tile's first k-block issued before the previous tile's
+//                             epilogue (CARRY; even k-block counts, else config 7's kernel; prepared,
+//                             not yet run on a device, not selected)
+//   13 : (144, false, 1, 1)   as 10 with CARRY (else config 10's kernel; prepared, not selected)
+enum { kNumConfigs = 14 };
 
 struct GemmArgs {
   const void* a;  // [M, K] fp8, K-contiguous

@@ -555,7 +555,123 @@ __device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const Ep
   epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
 }
 
-template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL>
+// CARRY (configs 12, 13; prepared, not yet run on a device): config 7's / 10's two accumulators, with
+// each tile's first k-block issued BEFORE the previous tile's epilogue, so that the tensor cores work
+// through the epilogue (configs 7/10 drain at every tile end: wait_group 0, promote, epilogue, and
+// only then the next MMA; benchmarks/NOTES.md, session 4). One warpgroup's schedule, one flat loop over
+// k-block pairs, n = num_kb even (the host routes odd n to the base kernel):
+//   kb 0 -> a0 (issued before the previous epilogue), kb 1 -> a1, kb 2 -> a0, ..., kb n-1 -> a1;
+//   each issue is followed by wait_group 1 (the previous k-block retired), its stage's release and its
+//   promotion into fin, in mainloop_double's order (so the output is bit for bit config 7's / 10's).
+// Tile end: kb n-1 in flight in a1; the next tile's kb 0 goes into a0 (after the CTA's last tile: a
+// dummy re-read of kb n-1's stage, so that every path has the same wgmma groups in flight), wait_group
+// 1, promote a1, then the epilogue runs with that k-block in flight. What ptxas (nvcc 13.0) needs to
+// keep the wgmmas pipelined here (found by compiling variants, NOTES.md v13): the accumulators' first
+// k32 step write-only (issue_kblock_fresh), and an exit at the loop head that drains with wait_group 0
+// (never taken for even n; without it every wgmma is serialized, C7514).
+template <int BN>
+__device__ __forceinline__ void promote1(float (&fin)[BN / 2], float (&acc)[BN / 2]) {
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) {
+    fence_reg(acc[i]);
+    fin[i] += acc[i];
+  }
+}
+
+// One 128-wide k-block into an accumulator whose old value is dead: the first k32 step with scale-d =
+// false through the write-only wrapper, so the old value is not kept alive across the epilogue.
+template <int BN, int FA, int FB>
+__device__ __forceinline__ void issue_kblock_fresh(float (&acc)[BN / 2], const uint8_t* a_tile, const uint8_t* b_tile) {
+  const uint64_t da = make_desc_sw128(a_tile);
+  const uint64_t db = make_desc_sw128(b_tile);
+  wgmma_fence();
+  wgmma_fp8_zero<BN, FA, FB>(acc, da, db);
+#pragma unroll
+  for (int k = 1; k < kBK / 32; ++k) wgmma_fp8<BN, FA, FB>(acc, da + 2 * k, db + 2 * k, 1);
+  wgmma_commit();
+}
+
+template <int BN, int FA, int FB, int S, int kStageA, int kStageB>
+__device__ __forceinline__ void consumer_carry(const uint8_t* sA, const uint8_t* sB, uint64_t* full, uint64_t* empty,
+                                               const EpiParams& ep, float* vec, uint8_t* ctile,
+                                               const CUtensorMap* tma_out, int first_tile, int num_tiles,
+                                               int tile_step, int num_m, int num_n, int num_kb, int cw, int tid,
+                                               int warp, int lane, int bar_id) {
+  if (first_tile >= num_tiles) return;
+  int stage = 0;
+  uint32_t phase = 0;
+  auto advance = [&]() {
+    if (++stage == S) {
+      stage = 0;
+      phase ^= 1;
+    }
+  };
+  const int lr0 = warp * 16 + lane / 4;  // local row inside the warpgroup's 64 rows
+  int t = first_tile;
+  int tile_row0, row0, col_base;
+  bool last_tile;  // t is this CTA's last tile (one flag: t and num_tiles kept in the loop spilled at BN 144)
+  EpiPrefetch<BN> pf;
+  auto begin_tile = [&]() {
+    last_tile = t + tile_step >= num_tiles;
+    int mb, nb;
+    tile_coords(t, num_m, num_n, ep.group_m, mb, nb);
+    tile_row0 = mb * kBM + cw * 64;
+    row0 = tile_row0 + lr0;
+    col_base = nb * BN;
+    epi_prefetch<BN, false>(pf, ep, row0, col_base, tid);
+  };
+  float a0[BN / 2], a1[BN / 2];
+  float fin[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) fin[i] = 0.f;
+  begin_tile();
+  mbar_wait(&full[stage], phase);
+  issue_kblock_fresh<BN, FA, FB>(a0, sA + stage * kStageA, sB + stage * kStageB);  // tile t, kb 0
+  int prev = stage;
+  advance();
+  int kb = 1;  // this iteration's odd k-block
+  for (;;) {
+    if (kb >= num_kb) {  // never taken (n even); ptxas's pipelining needs this draining exit (above)
+      wgmma_wait<0>();
+      return;
+    }
+    // kb (odd) -> a1; retire and promote a0 (kb - 1)
+    mbar_wait(&full[stage], phase);
+    issue_kblock_fresh<BN, FA, FB>(a1, sA + stage * kStageA, sB + stage * kStageB);
+    wgmma_wait<1>();
+    release_stage<1>(empty, prev, lane);
+    promote1<BN>(fin, a0);
+    prev = stage;
+    advance();
+    // the even k-block -> a0: kb + 1 of this tile, the next tile's kb 0, or (after this CTA's last
+    // tile) the dummy re-read of kb's stage; then retire and promote a1 (kb)
+    const bool tile_end = kb + 1 == num_kb;
+    const bool last = tile_end && last_tile;
+    if (!last) mbar_wait(&full[stage], phase);
+    const int nst = last ? prev : stage;
+    issue_kblock_fresh<BN, FA, FB>(a0, sA + nst * kStageA, sB + nst * kStageB);
+    wgmma_wait<1>();
+    if (!last) release_stage<1>(empty, prev, lane);
+    promote1<BN>(fin, a1);
+    if (!last) {
+      prev = stage;
+      advance();
+    }
+    kb += 2;
+    if (tile_end) {
+      finish_tile<BN, false>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
+      if (last) break;
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) fin[i] = 0.f;
+      t += tile_step;
+      begin_tile();
+      kb = 1;
+    }
+  }
+  wgmma_wait<0>();  // the dummy k-block (its stage is not released: the producer has finished)
+}
+
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL, bool CARRY = false>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const __grid_constant__ CUtensorMap tma_out, int rows_a, int rows_b, int K,
@@ -609,6 +725,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint8_t* ctile = sC + cw * (C::kCTile / 2);
     int stage = 0;
     uint32_t phase = 0;
+    if constexpr (CARRY) {
+      static_assert(DBL && NACC == 1 && CL == 1 && !SWAP, "CARRY is the two-accumulator single-CTA schedule");
+      consumer_carry<BN, FA, FB, S, C::kStageA, C::kStageB>(sA + cw * 64 * kBK, sB, full, empty, ep, vec, ctile,
+                                                            &tma_out, first_tile, num_tiles, tile_step, num_mp,
+                                                            num_n, num_kb, cw, tid, warp, lane, bar_id);
+    } else
     for (int t = first_tile; t < num_tiles; t += tile_step) {
       int mb, nb;
       tile_coords(t, num_mp, num_n, ep.group_m, mb, nb);
@@ -861,17 +983,18 @@ struct LaunchArgs {
 
 // The kernel of a config: OVL selects the cross-tile pipelined consumers (config 9), which exist only for
 // the non-swapped, single-CTA, two-accumulator case.
-template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL, bool OVL>
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL, bool OVL, bool CARRY>
 constexpr auto kernel_of() {
   if constexpr (OVL) {
-    static_assert(!SWAP && NACC == 1 && CL == 1 && DBL, "OVL is config 7's layout with the pipeline across tiles");
+    static_assert(!SWAP && NACC == 1 && CL == 1 && DBL && !CARRY, "OVL is config 7's layout with the pipeline across tiles");
     return &fp8_gemm_sm90_overlap_kernel<BN, FA, FB>;
   } else {
-    return &fp8_gemm_sm90_kernel<BN, SWAP, NACC, CL, FA, FB, DBL>;
+    return &fp8_gemm_sm90_kernel<BN, SWAP, NACC, CL, FA, FB, DBL, CARRY>;
   }
 }
 
-template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL = false, bool OVL = false>
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL = false, bool OVL = false,
+          bool CARRY = false>
 const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
   using C = TileCfg<BN, SWAP>;
   if constexpr (OVL) {
@@ -879,7 +1002,12 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
     // kernel instead (nothing to overlap there anyway).
     if (la.K <= kBK) return launch_one<BN, SWAP, NACC, CL, FA, FB, DBL, false>(la, stream);
   }
-  auto kernel = kernel_of<BN, SWAP, NACC, CL, FA, FB, DBL, OVL>();
+  if constexpr (CARRY) {
+    // consumer_carry keeps each tile's first k-block in the first accumulator: an even number of
+    // k-blocks per tile only; otherwise the base config's kernel (the same numbers, bit for bit).
+    if (((la.K + kBK - 1) / kBK) % 2 != 0) return launch_one<BN, SWAP, NACC, CL, FA, FB, DBL, false, false>(la, stream);
+  }
+  auto kernel = kernel_of<BN, SWAP, NACC, CL, FA, FB, DBL, OVL, CARRY>();
   // Once per instance and device (not on every launch: later calls, CUDA graph capture included, see
   // only the launch).
   static std::atomic<uint64_t> done_mask{0};
@@ -916,9 +1044,9 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
     max_clusters[dev & 63].store(n, std::memory_order_relaxed);
     if (const char* v = getenv("FP8_LINEAR_SM90_VERBOSE"); v != nullptr && v[0] == '1') {
       fprintf(stderr,
-              "fp8_linear sm90: BN=%d swap=%d nacc=%d cluster=%d dbl=%d ovl=%d stages=%d smem=%d: grid up to %d "
-              "clusters (occupancy query: %d)\n",
-              BN, int(SWAP), NACC, CL, int(DBL), int(OVL), C::kStages, C::kSmem, n, active);
+              "fp8_linear sm90: BN=%d swap=%d nacc=%d cluster=%d dbl=%d ovl=%d carry=%d stages=%d smem=%d: grid up "
+              "to %d clusters (occupancy query: %d)\n",
+              BN, int(SWAP), NACC, CL, int(DBL), int(OVL), int(CARRY), C::kStages, C::kSmem, n, active);
     }
     done_mask.fetch_or(bit, std::memory_order_acq_rel);
   }
@@ -949,15 +1077,18 @@ const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
     case 9: return launch_one<128, false, 1, 1, FA, FB, true, true>(la, stream);
     case 10: return launch_one<144, false, 1, 1, FA, FB, true>(la, stream);
     case 11: return launch_one<144, false, 1, 2, FA, FB, true>(la, stream);
+    case 12: return launch_one<128, false, 1, 1, FA, FB, true, false, true>(la, stream);
+    case 13: return launch_one<144, false, 1, 1, FA, FB, true, false, true>(la, stream);
     default: return "unknown kernel config";
   }
 }
 
 // Tile width and operand order of each config (host side).
 inline void config_shape(int config, int& bn, bool& swap, int& cluster) {
-  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192, 128, 128, 128, 144, 144};
-  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false, false, false, false, false, false};
-  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1, 1, 2, 1, 1, 2};
+  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192, 128, 128, 128, 144, 144, 128, 144};
+  static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false,
+                                          false, false, false, false, false, false, false};
+  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1, 1, 2, 1, 1, 2, 1, 1};
   bn = kBN[config];
   swap = kSwap[config];
   cluster = kCluster[config];

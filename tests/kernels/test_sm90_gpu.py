@@ -235,13 +235,15 @@ def test_many_tiles_per_cta(m, n, k, out_dtype, cfg):
 
 #: Schedule variants sum the same k-block partials in the same order as their base config and share
 #: its epilogue; only the schedule differs, so their output must be bitwise identical: config 9
-#: (pipeline across tiles) against config 7.
-SCHEDULE_VARIANTS = [c.id for c in configs.CONFIGS if c.overlap]
+#: (pipeline across tiles) and config 12 (the next tile's first k-block under the epilogue) against
+#: config 7, config 13 against config 10. Even k-block counts run the carried schedule, odd ones its
+#: base kernel.
+SCHEDULE_VARIANTS = [c.id for c in configs.CONFIGS if c.overlap or c.carry]
 
 
 def _schedule_base(cid: int) -> int:
     v = configs.CONFIGS[cid]
-    return next(c.id for c in configs.CONFIGS if c.double_acc and not c.overlap and c.cluster == 1
+    return next(c.id for c in configs.CONFIGS if c.double_acc and not c.overlap and not c.carry and c.cluster == 1
                 and c.block_n == v.block_n and not c.swap_ab)
 
 

@@ -145,8 +145,11 @@ def test_config_table_matches_header():
     assert f"kNumConfigs = {len(configs.CONFIGS)}" in hdr
     src = (jit.INCLUDE_DIR / "sm90_gemm.cuh").read_text()
     for c in configs.CONFIGS:
+        tail = ", true" if c.double_acc else ""
+        if c.overlap or c.carry:
+            tail += f", {str(c.overlap).lower()}" + (", true" if c.carry else "")
         line = (f"case {c.id}: return launch_one<{c.block_n}, {str(c.swap_ab).lower()}, {c.n_acc}, {c.cluster}, "
-                f"FA, FB{', true' if c.double_acc else ''}{', true' if c.overlap else ''}>")
+                f"FA, FB{tail}>")
         assert line in src, line
 
 
@@ -164,6 +167,22 @@ def test_overlap_configs_are_prepared_not_selected(monkeypatch):
     assert not picked & {c.id for c in ovl}
     monkeypatch.setenv(configs.ENV_CONFIG, "9")
     assert configs.select_config(8192, 8192, 8192).id == 9  # reachable by the override (benchmarks)
+
+
+def test_carry_configs_are_prepared_not_selected(monkeypatch):
+    """Configs 12/13 (the next tile's first k-block under the epilogue) are configs 7/10 with the carried
+    schedule, as the kernel's static_assert requires; not chosen by shape until measured on a device."""
+    monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
+    carry = [c for c in configs.CONFIGS if c.carry]
+    assert [(c.id, c.block_n) for c in carry] == [(12, 128), (13, 144)]
+    for c in carry:
+        assert c.double_acc and not c.swap_ab and c.cluster == 1 and c.n_acc == 1 and not c.overlap
+    picked = {configs.select_config(m, n, k).id
+              for m in (1, 16, 64, 65, 128, 512, 2048, 4096, 8192)
+              for n, k in ((4096, 4096), (6144, 4096), (28672, 4096), (57344, 8192), (8192, 28672))}
+    assert not picked & {c.id for c in carry}
+    monkeypatch.setenv(configs.ENV_CONFIG, "13")
+    assert configs.select_config(8192, 8192, 8192).id == 13  # reachable by the override (benchmarks)
 
 
 def test_select_config_env_override(monkeypatch):
