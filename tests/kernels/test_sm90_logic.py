@@ -153,36 +153,22 @@ def test_config_table_matches_header():
         assert line in src, line
 
 
-def test_overlap_configs_are_prepared_not_selected(monkeypatch):
-    """Config 9 (pipeline across tiles) is a 128 x 128 two-accumulator single-CTA config, as the kernel's
-    static_assert requires, and the shape-based choice never picks it (it has not run on a device yet)."""
+@pytest.mark.parametrize("flag, ids", [("overlap", [9]), ("carry", [12, 13])])
+def test_schedule_variants_are_prepared_not_selected(monkeypatch, flag, ids):
+    """Config 9 (pipeline across tiles) and configs 12/13 (the next tile's first k-block under the
+    epilogue) are two-accumulator single-CTA configs, as the kernel's static_asserts require, and the
+    shape-based choice never picks them (9 measured slower; 12/13 not yet run on a device)."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
-    ovl = [c for c in configs.CONFIGS if c.overlap]
-    assert [c.id for c in ovl] == [9]
-    for c in ovl:
-        assert c.double_acc and not c.swap_ab and c.cluster == 1 and c.n_acc == 1
+    variants = [c for c in configs.CONFIGS if getattr(c, flag)]
+    assert [c.id for c in variants] == ids
+    for c in variants:
+        assert c.double_acc and not c.swap_ab and c.cluster == 1 and c.n_acc == 1 and not (c.overlap and c.carry)
     picked = {configs.select_config(m, n, k).id
               for m in (1, 16, 64, 65, 128, 512, 2048, 4096, 8192)
               for n, k in ((4096, 4096), (6144, 4096), (28672, 4096), (57344, 8192), (8192, 28672))}
-    assert not picked & {c.id for c in ovl}
-    monkeypatch.setenv(configs.ENV_CONFIG, "9")
-    assert configs.select_config(8192, 8192, 8192).id == 9  # reachable by the override (benchmarks)
-
-
-def test_carry_configs_are_prepared_not_selected(monkeypatch):
-    """Configs 12/13 (the next tile's first k-block under the epilogue) are configs 7/10 with the carried
-    schedule, as the kernel's static_assert requires; not chosen by shape until measured on a device."""
-    monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
-    carry = [c for c in configs.CONFIGS if c.carry]
-    assert [(c.id, c.block_n) for c in carry] == [(12, 128), (13, 144)]
-    for c in carry:
-        assert c.double_acc and not c.swap_ab and c.cluster == 1 and c.n_acc == 1 and not c.overlap
-    picked = {configs.select_config(m, n, k).id
-              for m in (1, 16, 64, 65, 128, 512, 2048, 4096, 8192)
-              for n, k in ((4096, 4096), (6144, 4096), (28672, 4096), (57344, 8192), (8192, 28672))}
-    assert not picked & {c.id for c in carry}
-    monkeypatch.setenv(configs.ENV_CONFIG, "13")
-    assert configs.select_config(8192, 8192, 8192).id == 13  # reachable by the override (benchmarks)
+    assert not picked & set(ids)
+    monkeypatch.setenv(configs.ENV_CONFIG, str(ids[-1]))
+    assert configs.select_config(8192, 8192, 8192).id == ids[-1]  # reachable by the override (benchmarks)
 
 
 def test_select_config_env_override(monkeypatch):
