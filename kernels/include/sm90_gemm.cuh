@@ -195,6 +195,15 @@ __device__ __forceinline__ void epi_publish_cols(float* vec, const EpiPrefetch<B
   }
 }
 
+// The epilogue's value pair of accumulator fragment (j, i) (columns c, c + 1, see below):
+// acc * (row scale * column scale) + column bias, for column scales s0, s1 and biases b0, b1.
+template <int BN>
+__device__ __forceinline__ float2 epi_pair(const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf, int j, int i,
+                                           float s0, float s1, float b0, float b1) {
+  return make_float2(acc[4 * j + 2 * i] * (pf.row_scale[i] * s0) + b0,
+                     acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1);
+}
+
 // 16-bit output tile of one warpgroup (64 x BN) into the 128B-swizzled staging buffer, with stmatrix:
 // the accumulator pair (acc[4j + 2i], acc[4j + 2i + 1]) of every thread is exactly the fragment of the
 // 8 x 8 matrix at rows 16 * warp + 8i + (0..7), columns 8j + (0..7); one stmatrix.x4 stores the four
@@ -217,9 +226,8 @@ __device__ __forceinline__ void stage_tile_16bit(const float (&acc)[BN / 2], con
       const int c = 8 * j + lc;
       const float2 sc = *reinterpret_cast<const float2*>(vs + c);
       const float2 bc = *reinterpret_cast<const float2*>(vb + c);
-      const float v0 = acc[4 * j + 2 * i] * (pf.row_scale[i] * sc.x) + bc.x;
-      const float v1 = acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * sc.y) + bc.y;
-      r[q] = pack_16bit<BF16>(v0, v1);
+      const float2 v = epi_pair<BN>(acc, pf, j, i, sc.x, sc.y, bc.x, bc.y);
+      r[q] = pack_16bit<BF16>(v.x, v.y);
     }
     const int col8 = j0 + q_l / 2;  // 16-byte chunk of 8 columns
     uint8_t* dst = ctile + (col8 / 8) * (64 * 128) + row_l * 128 + (((col8 % 8) ^ (row_l & 7)) << 4);
@@ -255,8 +263,7 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int r = lr0 + 8 * i;
-            const float v0 = acc[4 * j + 2 * i] * (pf.row_scale[i] * s0) + b0;
-            const float v1 = acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1;
+            const auto [v0, v1] = epi_pair<BN>(acc, pf, j, i, s0, s1, b0, b1);
             if (ep.out_kind == 0) *reinterpret_cast<float2*>(strip + r * kW * 4 + cs * 4) = make_float2(v0, v1);
             else if (ep.out_kind == 1) *reinterpret_cast<uint32_t*>(strip + r * kW * 2 + cs * 2) = pack_16bit<true>(v0, v1);
             else *reinterpret_cast<uint32_t*>(strip + r * kW * 2 + cs * 2) = pack_16bit<false>(v0, v1);
@@ -286,8 +293,7 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
               const int r = lr0 + 8 * i;
-              const float v0 = acc[4 * j + 2 * i] * (pf.row_scale[i] * s0) + b0;
-              const float v1 = acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1;
+              const auto [v0, v1] = epi_pair<BN>(acc, pf, j, i, s0, s1, b0, b1);
               const int cl = c - 64 * h;
               const int sub = cl / 32, byte = (cl % 32) * 4;
               uint8_t* dst = ctile + sub * (64 * 128) + r * 128 + ((((byte >> 4) ^ (r & 7)) << 4) | (byte & 15));
@@ -339,8 +345,7 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
         const int r = row0 + 8 * i;
         if (r >= ep.M) continue;
         const long idx = static_cast<long>(r) * ep.N + c;
-        const float v0 = acc[4 * j + 2 * i] * (pf.row_scale[i] * s0) + b0;
-        const float v1 = acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1;
+        const auto [v0, v1] = epi_pair<BN>(acc, pf, j, i, s0, s1, b0, b1);
         if (pair_ok) {  // c is even, so idx is even: 2-element vector store is aligned
           store_two(ep.out, ep.out_kind, idx, v0, v1);
         } else {
