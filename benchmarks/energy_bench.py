@@ -7,10 +7,10 @@ energy per FLOP gets the higher clock. This script separates the two factors of 
     TFLOPS = power / (energy per FLOP)                (at the cap, power is fixed)
 
 Each candidate runs back to back (no cache clearing, no gaps) for ``--burn`` seconds, then for
-``--window`` seconds while a thread samples the SM clock and power every 5 ms and NVML's energy
-counter is read at both ends. Candidates alternate A/B/B/A over ``--rounds``.
+``--window`` seconds while a thread samples the SM clock and power every 5 ms. Candidates alternate A/B/B/A over ``--rounds``.
 
-Columns: TFLOPS, mean SM MHz, mean W, pJ per FLOP, and "util" = FLOP per clock over the dense FP8
+Columns: TFLOPS, mean SM MHz, mean W, pJ per FLOP (mean W / FLOP rate; NVML's energy counter,
+used at first, lagged the window and disagreed by a few %), and "util" = FLOP per clock over the dense FP8
 peak per clock (8192 FLOP / clk / SM x SM count).
 
 Usage: python benchmarks/energy_bench.py [--shapes 8192x8192x8192,...] [--configs 7,10,11]
@@ -43,7 +43,7 @@ DEFAULT_SHAPES = "8192x8192x8192,8192x6144x4096,2048x6144x4096,6144x6144x1280"
 
 
 class Nvml:
-    """The four NVML calls used here, through ctypes (libnvidia-ml ships with the driver)."""
+    """The NVML calls used here, through ctypes (libnvidia-ml ships with the driver)."""
 
     def __init__(self, index: int = 0):
         self.lib = ctypes.CDLL("libnvidia-ml.so.1")
@@ -52,12 +52,6 @@ class Nvml:
         self.h = ctypes.c_void_p()
         if self.lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self.h)) != 0:
             raise RuntimeError("nvmlDeviceGetHandleByIndex_v2 failed")
-
-    def energy_mj(self) -> int:
-        v = ctypes.c_ulonglong()
-        if self.lib.nvmlDeviceGetTotalEnergyConsumption(self.h, ctypes.byref(v)) != 0:
-            raise RuntimeError("nvmlDeviceGetTotalEnergyConsumption failed")
-        return v.value
 
     def sm_mhz(self) -> int:
         v = ctypes.c_uint()
@@ -86,7 +80,6 @@ def measure(fn, nv: Nvml, burn: float, window: float, batch: int = 10) -> dict:
             time.sleep(0.005)
 
     th = threading.Thread(target=sample, daemon=True)
-    e0 = nv.energy_mj()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     th.start()
     start.record()
@@ -100,9 +93,8 @@ def measure(fn, nv: Nvml, burn: float, window: float, batch: int = 10) -> dict:
     torch.cuda.synchronize()
     stop.set()
     th.join()
-    e1 = nv.energy_mj()
     ms = start.elapsed_time(end)
-    return {"calls": n, "ms_per_call": ms / n, "joules": (e1 - e0) / 1000.0, "gpu_ms": ms,
+    return {"calls": n, "ms_per_call": ms / n, "gpu_ms": ms,
             "mhz": statistics.mean(clocks), "watts": statistics.mean(powers)}
 
 
@@ -139,7 +131,7 @@ def main() -> int:
         for key, rs in res.items():
             best = min(rs, key=lambda r: r["ms_per_call"])
             tflops = flop / (best["ms_per_call"] * 1e-3) / 1e12
-            pj = best["joules"] / (flop * best["calls"]) * 1e12
+            pj = best["watts"] / tflops
             util = tflops * 1e12 / (best["mhz"] * 1e6 * sms * FP8_FLOP_PER_CLK_PER_SM)
             rows.append({"M": m, "N": n, "K": k, "candidate": key, "tflops": tflops, "pj_per_flop": pj,
                          "util": util, **best, "rounds": rs})

@@ -19,7 +19,6 @@ import math
 import os
 import pathlib
 import sys
-import time
 
 import torch
 
@@ -29,14 +28,15 @@ if str(ROOT) not in sys.path:
 
 from fp8_linear.backends.sm90 import kernels_module  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from steady_bench import time_rounds  # noqa: E402
+
 ENV = "FP8_LINEAR_SM90_GROUP_M"
 DEFAULT_SHAPES = ("8192x6144x4096,8192x4096x4096,4096x28672x4096,8192x28672x4096,8192x10240x8192,"
                   "8192x8192x8192,6144x6144x1280,2048x6144x4096")
 
 
 def main() -> int:
-    from triton.testing import do_bench
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="7,10")
     ap.add_argument("--groups", default="8,16,32,64")
@@ -65,16 +65,7 @@ def main() -> int:
                     os.environ[ENV] = str(g)
                     return kern.sm90_gemm(a, b, s1, s2, None, bf, c)
                 fns[f"c{c}g{g}"] = fn
-        times = {key: [] for key in fns}
-        order = list(fns)
-        for rnd in range(args.rounds):
-            for key in (order if rnd % 2 == 0 else order[::-1]):
-                t0 = time.perf_counter()
-                while time.perf_counter() - t0 < args.burn:
-                    for _ in range(10):
-                        fns[key]()
-                    torch.cuda.synchronize()
-                times[key].append(do_bench(fns[key], warmup=10, rep=args.rep, return_mode="median"))
+        times = time_rounds(fns, args.rounds, args.burn, args.rep, batch=10)
         os.environ.pop(ENV, None)
         tf = {key: 2 * m * n * k / (min(ts) * 1e-3) / 1e12 for key, ts in times.items()}
         rows.append({"M": m, "N": n, "K": k, "tflops": tf})

@@ -36,9 +36,27 @@ from gemm import shape_set  # noqa: E402
 FIVE = [(8192, 8192, 8192), (4096, 28672, 4096), (2048, 6144, 4096), (8192, 8192, 28672), (4096, 10240, 8192)]
 
 
-def main() -> int:
+def time_rounds(fns: dict, rounds: int, burn: float, rep: int, batch: int = 20) -> dict[str, list[float]]:
+    """Steady-state medians in ms, one per round and candidate: each candidate runs alone for ``burn``
+    seconds (``batch`` calls between synchronizations), then ``do_bench`` times it for ``rep`` ms;
+    candidates alternate A/B/B/A over the rounds."""
     from triton.testing import do_bench
 
+    times = {key: [] for key in fns}
+    order = list(fns)
+    for rnd in range(rounds):
+        for key in (order if rnd % 2 == 0 else order[::-1]):
+            fn = fns[key]
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < burn:
+                for _ in range(batch):
+                    fn()
+                torch.cuda.synchronize()
+            times[key].append(do_bench(fn, warmup=batch, rep=rep, return_mode="median"))
+    return times
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--burn", type=float, default=0.5, help="seconds of the candidate alone before timing it")
     ap.add_argument("--rep", type=int, default=400, help="do_bench rep in ms")
@@ -67,17 +85,7 @@ def main() -> int:
         if args.per_channel:
             s2c = torch.rand(n, 1, device="cuda") + 0.5
             fns["ours_ch"] = lambda: kern.sm90_gemm(a, b, s1, s2c, None, bf)
-        times = {key: [] for key in fns}
-        order = list(fns)
-        for rnd in range(args.rounds):
-            for key in (order if rnd % 2 == 0 else order[::-1]):
-                fn = fns[key]
-                t0 = time.perf_counter()
-                while time.perf_counter() - t0 < args.burn:
-                    for _ in range(20):
-                        fn()
-                    torch.cuda.synchronize()
-                times[key].append(do_bench(fn, warmup=20, rep=args.rep, return_mode="median"))
+        times = time_rounds(fns, args.rounds, args.burn, args.rep)
         tf = {key: 2 * m * n * k / (min(ts) * 1e-3) / 1e12 for key, ts in times.items()}
         rows.append({"M": m, "N": n, "K": k, "ms": times, "tflops": tf, "ratio": tf["ours"] / tf["cublas"]})
         ex = "".join(f" {tf[f'cfg{c}']:6.0f}" for c in forced) + (f" {tf['ours_ch']:7.0f}" if args.per_channel else "")
