@@ -574,15 +574,6 @@ __device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const Ep
 // keep the wgmmas pipelined here (found by compiling variants, NOTES.md v13): the accumulators' first
 // k32 step write-only (issue_kblock_fresh), and an exit at the loop head that drains with wait_group 0
 // (never taken for even n; without it every wgmma is serialized, C7514).
-template <int BN>
-__device__ __forceinline__ void promote1(float (&fin)[BN / 2], float (&acc)[BN / 2]) {
-#pragma unroll
-  for (int i = 0; i < BN / 2; ++i) {
-    fence_reg(acc[i]);
-    fin[i] += acc[i];
-  }
-}
-
 // One 128-wide k-block into an accumulator whose old value is dead: the first k32 step with scale-d =
 // false through the write-only wrapper, so the old value is not kept alive across the epilogue.
 template <int BN, int FA, int FB>
@@ -625,13 +616,13 @@ __device__ __forceinline__ void consumer_carry(const uint8_t* sA, const uint8_t*
     col_base = nb * BN;
     epi_prefetch<BN, false>(pf, ep, row0, col_base, tid);
   };
-  float a0[BN / 2], a1[BN / 2];
+  float a0[1][BN / 2], a1[1][BN / 2];  // promote<BN, 1>'s layout
   float fin[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) fin[i] = 0.f;
   begin_tile();
   mbar_wait(&full[stage], phase);
-  issue_kblock_fresh<BN, FA, FB>(a0, sA + stage * kStageA, sB + stage * kStageB);  // tile t, kb 0
+  issue_kblock_fresh<BN, FA, FB>(a0[0], sA + stage * kStageA, sB + stage * kStageB);  // tile t, kb 0
   int prev = stage;
   advance();
   int kb = 1;  // this iteration's odd k-block
@@ -642,10 +633,10 @@ __device__ __forceinline__ void consumer_carry(const uint8_t* sA, const uint8_t*
     }
     // kb (odd) -> a1; retire and promote a0 (kb - 1)
     mbar_wait(&full[stage], phase);
-    issue_kblock_fresh<BN, FA, FB>(a1, sA + stage * kStageA, sB + stage * kStageB);
+    issue_kblock_fresh<BN, FA, FB>(a1[0], sA + stage * kStageA, sB + stage * kStageB);
     wgmma_wait<1>();
     release_stage<1>(empty, prev, lane);
-    promote1<BN>(fin, a0);
+    promote<BN, 1>(fin, a0);
     prev = stage;
     advance();
     // the even k-block -> a0: kb + 1 of this tile, the next tile's kb 0, or (after this CTA's last
@@ -654,10 +645,10 @@ __device__ __forceinline__ void consumer_carry(const uint8_t* sA, const uint8_t*
     const bool last = tile_end && last_tile;
     if (!last) mbar_wait(&full[stage], phase);
     const int nst = last ? prev : stage;
-    issue_kblock_fresh<BN, FA, FB>(a0, sA + nst * kStageA, sB + nst * kStageB);
+    issue_kblock_fresh<BN, FA, FB>(a0[0], sA + nst * kStageA, sB + nst * kStageB);
     wgmma_wait<1>();
     if (!last) release_stage<1>(empty, prev, lane);
-    promote1<BN>(fin, a1);
+    promote<BN, 1>(fin, a1);
     if (!last) {
       prev = stage;
       advance();
