@@ -176,7 +176,9 @@ __device__ __forceinline__ void epi_prefetch(EpiPrefetch<BN>& pf, const EpiParam
     const int lc = tid + kWgThreads * q;
     const int c = col_base + lc;
     const bool okc = lc < BN && c < cols_lim;
-    pf.col_scale[q] = okc ? __ldg(cs + (cs_row ? c : 0)) : 0.f;
+    // a per-tensor column scale is loaded for every thread (also past the last column): the uniform
+    // epilogue (EpiMode::kUniform) takes it from col_scale[0]
+    pf.col_scale[q] = (okc || !cs_row) ? __ldg(cs + (cs_row ? c : 0)) : 0.f;
     pf.col_bias[q] = (!SWAP && okc) ? load_bias(ep.bias, ep.bias_kind, c) : 0.f;
   }
 }
@@ -204,19 +206,35 @@ __device__ __forceinline__ float2 epi_pair(const float (&acc)[BN / 2], const Epi
                      acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1);
 }
 
+// How the epilogue gets a value's column scale and bias: the same formula, acc * (row scale * column
+// scale) + bias, with fewer loads where the launch allows it (ep.bias_kind, ep.sb_row; uniform per launch,
+// so the branch between them costs nothing). Bitwise identical across modes: without a bias the "+ 0"
+// stays (x * s + 0 turns -0 into +0 as the general path does).
+enum class EpiMode {
+  kGeneral,   // column scales and biases from the shared vectors
+  kColScale,  // per-channel scale_b, no bias: the scales from shared memory, no bias loads
+  kUniform,   // per-tensor scale_b, no bias: one factor per accumulator row, no shared-memory loads
+};
+
+__device__ __forceinline__ EpiMode epi_mode(const EpiParams& ep) {
+  return ep.bias_kind ? EpiMode::kGeneral : (ep.sb_row ? EpiMode::kColScale : EpiMode::kUniform);
+}
+
 // 16-bit output tile of one warpgroup (64 x BN) into the 128B-swizzled staging buffer, with stmatrix:
 // the accumulator pair (acc[4j + 2i], acc[4j + 2i + 1]) of every thread is exactly the fragment of the
 // 8 x 8 matrix at rows 16 * warp + 8i + (0..7), columns 8j + (0..7); one stmatrix.x4 stores the four
 // matrices (j0, 0), (j0, 1), (j0 + 1, 0), (j0 + 1, 1), lane l giving the address of row l % 8 of
 // matrix l / 8 (one 16-byte chunk, swizzled: chunk index XOR row % 8). Column scales and biases come
 // from shared memory as float2 (c is even).
-template <int BN, bool BF16>
+template <int BN, bool BF16, EpiMode MODE>
 __device__ __forceinline__ void stage_tile_16bit(const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf,
                                                  const float* vs, const float* vb, uint8_t* ctile, int lane,
                                                  int warp) {
   const int lc = 2 * (lane % 4);
   const int q_l = lane / 8;
   const int row_l = 16 * warp + 8 * (q_l % 2) + lane % 8;  // this lane's stmatrix row address
+  // kUniform: the factor of each of the thread's two rows, row scale x the per-tensor column scale
+  const float k0 = pf.row_scale[0] * pf.col_scale[0], k1 = pf.row_scale[1] * pf.col_scale[0];
 #pragma unroll
   for (int j0 = 0; j0 < staged_cols<BN>() / 8; j0 += 2) {  // the staged columns only
     uint32_t r[4];
@@ -224,9 +242,18 @@ __device__ __forceinline__ void stage_tile_16bit(const float (&acc)[BN / 2], con
     for (int q = 0; q < 4; ++q) {
       const int j = j0 + q / 2, i = q % 2;
       const int c = 8 * j + lc;
-      const float2 sc = *reinterpret_cast<const float2*>(vs + c);
-      const float2 bc = *reinterpret_cast<const float2*>(vb + c);
-      const float2 v = epi_pair<BN>(acc, pf, j, i, sc.x, sc.y, bc.x, bc.y);
+      float2 v;
+      if constexpr (MODE == EpiMode::kUniform) {
+        const float k = i ? k1 : k0;
+        v = make_float2(acc[4 * j + 2 * i] * k + 0.f, acc[4 * j + 2 * i + 1] * k + 0.f);
+      } else if constexpr (MODE == EpiMode::kColScale) {
+        const float2 sc = *reinterpret_cast<const float2*>(vs + c);
+        v = epi_pair<BN>(acc, pf, j, i, sc.x, sc.y, 0.f, 0.f);
+      } else {
+        const float2 sc = *reinterpret_cast<const float2*>(vs + c);
+        const float2 bc = *reinterpret_cast<const float2*>(vb + c);
+        v = epi_pair<BN>(acc, pf, j, i, sc.x, sc.y, bc.x, bc.y);
+      }
       r[q] = pack_16bit<BF16>(v.x, v.y);
     }
     const int col8 = j0 + q_l / 2;  // 16-byte chunk of 8 columns
@@ -314,8 +341,17 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
         }
       } else {
         constexpr int W = 64;  // 16-bit elements per 128-byte swizzle row
-        if (ep.out_kind == 1) stage_tile_16bit<BN, true>(acc, pf, vs, vb, ctile, lane, tid / 32);
-        else stage_tile_16bit<BN, false>(acc, pf, vs, vb, ctile, lane, tid / 32);
+        const EpiMode mode = epi_mode(ep);
+        const int w = tid / 32;
+        if (ep.out_kind == 1) {
+          if (mode == EpiMode::kUniform) stage_tile_16bit<BN, true, EpiMode::kUniform>(acc, pf, vs, vb, ctile, lane, w);
+          else if (mode == EpiMode::kColScale) stage_tile_16bit<BN, true, EpiMode::kColScale>(acc, pf, vs, vb, ctile, lane, w);
+          else stage_tile_16bit<BN, true, EpiMode::kGeneral>(acc, pf, vs, vb, ctile, lane, w);
+        } else {
+          if (mode == EpiMode::kUniform) stage_tile_16bit<BN, false, EpiMode::kUniform>(acc, pf, vs, vb, ctile, lane, w);
+          else if (mode == EpiMode::kColScale) stage_tile_16bit<BN, false, EpiMode::kColScale>(acc, pf, vs, vb, ctile, lane, w);
+          else stage_tile_16bit<BN, false, EpiMode::kGeneral>(acc, pf, vs, vb, ctile, lane, w);
+        }
         fence_proxy_async();  // generic-proxy smem writes -> visible to the TMA engine
         named_bar_sync(bar_id, 128);
         if (tid == 0 && tile_row0 < ep.M) {

@@ -187,6 +187,27 @@ def test_every_config(cfg, m, n, k, out_dtype):
     _case(m, n, k, fa, fb, "row", "row", torch.float32, out_dtype, config=cfg)
 
 
+# --------------------------------------------------------------- epilogue modes give the same bits
+#: The 16-bit TMA-store epilogue has three modes (sm90_gemm.cuh, EpiMode): with a bias (scales and biases
+#: from shared memory), per-channel scale_b without bias, per-tensor scale_b without bias (one factor per
+#: row). The formula is the same, so a zero bias (general mode) and no bias must give the same bits,
+#: negative zeros included (x * s + 0 in every mode).
+@pytest.mark.parametrize("cfg", LARGE_CFGS)
+@pytest.mark.parametrize("ska, skb", SCALES)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_epilogue_modes_bitwise(cfg, ska, skb, out_dtype):
+    m, n, k = 300, 424, 512
+    a, b, sa, sb, _ = make_inputs(m, n, k, E4, E4, ska, skb)
+    a = a.float()
+    a[:7] = 0  # rows of exact zeros
+    a = a.to(E4)
+    zero = torch.zeros(n, device=DEV, dtype=torch.float32)
+    with_bias = run_poisoned(a, b, sa, sb, zero, out_dtype, cfg)
+    without = run_poisoned(a, b, sa, sb, None, out_dtype, cfg)
+    assert torch.equal(with_bias.view(torch.int16), without.view(torch.int16))
+    check(without, reference(a, b, sa, sb, None), out_dtype, f"cfg={cfg} {ska}/{skb}")
+
+
 # --------------------------------------------------------------- tiles wider than the staged columns
 #: Configs whose tile width is not a multiple of 64 (configs 10, 11: 128 x 144) stage the last BN % 64
 #: columns of each tile (the strip) unswizzled and store them through a second tensor map: N values
