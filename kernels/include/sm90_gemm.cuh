@@ -168,7 +168,7 @@ __device__ __forceinline__ void epi_prefetch(EpiPrefetch<BN>& pf, const EpiParam
   for (int i = 0; i < 2; ++i) {
     const int r = row0 + 8 * i;
     const bool ok = r < rows_lim;
-    pf.row_scale[i] = ok ? __ldg(rs + (rs_row ? r : 0)) : 0.f;
+    pf.row_scale[i] = (ok || !rs_row) ? __ldg(rs + (rs_row ? r : 0)) : 0.f;  // per-tensor: every thread
     pf.row_bias[i] = (SWAP && ok) ? load_bias(ep.bias, ep.bias_kind, r) : 0.f;
   }
 #pragma unroll
@@ -183,15 +183,33 @@ __device__ __forceinline__ void epi_prefetch(EpiPrefetch<BN>& pf, const EpiParam
   }
 }
 
+// How the 16-bit TMA-store epilogue gets a value's column scale and bias. The formula is always
+// acc * (row scale * column scale) + bias; the modes only skip loads that the launch does not need
+// (ep.bias_kind, ep.sa_row, ep.sb_row are uniform per launch, so choosing costs nothing). Bitwise the
+// same across modes: without a bias the "+ 0" stays (x * s + 0 turns -0 into +0 as the general path does).
+enum class EpiMode {
+  kGeneral,   // column scales and biases from the shared vectors (also: fp32 output, direct stores)
+  kColScale,  // per-token scale_a, per-channel scale_b, no bias: the column scales, no bias loads
+  kFolded,    // per-tensor scale_a, per-channel scale_b, no bias: vec holds scale_a x scale_b[c]
+  kUniform,   // per-tensor scale_b, no bias: one factor per accumulator row, no shared-memory loads
+};
+
+__device__ __forceinline__ EpiMode epi_mode(const EpiParams& ep) {
+  if (!ep.tma_store || ep.out_kind == 0 || ep.bias_kind) return EpiMode::kGeneral;
+  if (!ep.sb_row) return EpiMode::kUniform;
+  return ep.sa_row ? EpiMode::kColScale : EpiMode::kFolded;
+}
+
 // Publish the prefetched column values into the warpgroup's shared vectors ([0, BN) scale,
-// [BN, 2BN) bias).
+// [BN, 2BN) bias); with `fold` (EpiMode::kFolded) the scale slots hold row scale x column scale, the
+// product that the general formula forms per value (same operands, same order).
 template <int BN>
-__device__ __forceinline__ void epi_publish_cols(float* vec, const EpiPrefetch<BN>& pf, int tid) {
+__device__ __forceinline__ void epi_publish_cols(float* vec, const EpiPrefetch<BN>& pf, int tid, bool fold) {
 #pragma unroll
   for (int q = 0; q < EpiPrefetch<BN>::kColPerThread; ++q) {
     const int lc = tid + kWgThreads * q;
     if (lc < BN) {
-      vec[lc] = pf.col_scale[q];
+      vec[lc] = fold ? pf.row_scale[0] * pf.col_scale[q] : pf.col_scale[q];
       vec[BN + lc] = pf.col_bias[q];
     }
   }
@@ -206,21 +224,36 @@ __device__ __forceinline__ float2 epi_pair(const float (&acc)[BN / 2], const Epi
                      acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1);
 }
 
-// How the epilogue gets a value's column scale and bias: the same formula, acc * (row scale * column
-// scale) + bias, with fewer loads where the launch allows it (ep.bias_kind, ep.sb_row; uniform per launch,
-// so the branch between them costs nothing). Bitwise identical across modes: without a bias the "+ 0"
-// stays (x * s + 0 turns -0 into +0 as the general path does).
-enum class EpiMode {
-  kGeneral,   // column scales and biases from the shared vectors
-  kColScale,  // per-channel scale_b, no bias: the scales from shared memory, no bias loads
-  kUniform,   // per-tensor scale_b, no bias: one factor per accumulator row, no shared-memory loads
-};
-
-__device__ __forceinline__ EpiMode epi_mode(const EpiParams& ep) {
-  return ep.bias_kind ? EpiMode::kGeneral : (ep.sb_row ? EpiMode::kColScale : EpiMode::kUniform);
+// 16-bit output tile of one warpgroup (64 x BN) into the 128B-swizzled staging buffer, with stmatrix:
+// the accumulator pair (acc[4j + 2i], acc[4j + 2i + 1]) of every thread is exactly the fragment of the
+// 8 x 8 matrix at rows 16 * warp + 8i + (0..7), columns 8j + (0..7); one stmatrix.x4 stores the four
+// matrices (j0, 0), (j0, 1), (j0 + 1, 0), (j0 + 1, 1), lane l giving the address of row l % 8 of
+// matrix l / 8 (one 16-byte chunk, swizzled: chunk index XOR row % 8). Column scales and biases come
+// from shared memory as float2 (c is even).
+// The value pair of fragment (j, i) at tile column c (even) in mode MODE; k0, k1: kUniform's factors.
+template <int BN, EpiMode MODE>
+__device__ __forceinline__ float2 epi_value(const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf, const float* vs,
+                                            const float* vb, int j, int i, int c, float k0, float k1) {
+  const float a0 = acc[4 * j + 2 * i], a1 = acc[4 * j + 2 * i + 1];
+  if constexpr (MODE == EpiMode::kUniform) {
+    const float k = i ? k1 : k0;
+    return make_float2(a0 * k + 0.f, a1 * k + 0.f);
+  } else if constexpr (MODE == EpiMode::kFolded) {
+    const float2 f = *reinterpret_cast<const float2*>(vs + c);
+    return make_float2(a0 * f.x + 0.f, a1 * f.y + 0.f);
+  } else if constexpr (MODE == EpiMode::kColScale) {
+    const float2 sc = *reinterpret_cast<const float2*>(vs + c);
+    return epi_pair<BN>(acc, pf, j, i, sc.x, sc.y, 0.f, 0.f);
+  } else {
+    const float2 sc = *reinterpret_cast<const float2*>(vs + c);
+    const float2 bc = *reinterpret_cast<const float2*>(vb + c);
+    return epi_pair<BN>(acc, pf, j, i, sc.x, sc.y, bc.x, bc.y);
+  }
 }
 
-// 16-bit output tile of one warpgroup (64 x BN) into the 128B-swizzled staging buffer, with stmatrix:
+// 16-bit output tile of one warpgroup (64 x BN): the strip (last BN % 64 columns, row-major
+// unswizzled, pitch (BN % 64) x 2 bytes) with plain 32-bit stores, then the staged columns into the
+// 128B-swizzled staging buffer with stmatrix:
 // the accumulator pair (acc[4j + 2i], acc[4j + 2i + 1]) of every thread is exactly the fragment of the
 // 8 x 8 matrix at rows 16 * warp + 8i + (0..7), columns 8j + (0..7); one stmatrix.x4 stores the four
 // matrices (j0, 0), (j0, 1), (j0 + 1, 0), (j0 + 1, 1), lane l giving the address of row l % 8 of
@@ -228,37 +261,51 @@ __device__ __forceinline__ EpiMode epi_mode(const EpiParams& ep) {
 // from shared memory as float2 (c is even).
 template <int BN, bool BF16, EpiMode MODE>
 __device__ __forceinline__ void stage_tile_16bit(const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf,
-                                                 const float* vs, const float* vb, uint8_t* ctile, int lane,
-                                                 int warp) {
+                                                 const float* vs, const float* vb, uint8_t* ctile, uint8_t* strip,
+                                                 int lane, int warp) {
   const int lc = 2 * (lane % 4);
   const int q_l = lane / 8;
   const int row_l = 16 * warp + 8 * (q_l % 2) + lane % 8;  // this lane's stmatrix row address
   // kUniform: the factor of each of the thread's two rows, row scale x the per-tensor column scale
   const float k0 = pf.row_scale[0] * pf.col_scale[0], k1 = pf.row_scale[1] * pf.col_scale[0];
+  if constexpr (staged_cols<BN>() < BN) {
+    constexpr int kW = BN % 64;
+    const int lr0 = warp * 16 + lane / 4;
 #pragma unroll
-  for (int j0 = 0; j0 < staged_cols<BN>() / 8; j0 += 2) {  // the staged columns only
+    for (int j = staged_cols<BN>() / 8; j < BN / 8; ++j) {
+      const int c = 8 * j + lc;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float2 v = epi_value<BN, MODE>(acc, pf, vs, vb, j, i, c, k0, k1);
+        *reinterpret_cast<uint32_t*>(strip + (lr0 + 8 * i) * kW * 2 + (c - staged_cols<BN>()) * 2) =
+            pack_16bit<BF16>(v.x, v.y);
+      }
+    }
+  }
+#pragma unroll
+  for (int j0 = 0; j0 < staged_cols<BN>() / 8; j0 += 2) {  // the staged columns
     uint32_t r[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int j = j0 + q / 2, i = q % 2;
-      const int c = 8 * j + lc;
-      float2 v;
-      if constexpr (MODE == EpiMode::kUniform) {
-        const float k = i ? k1 : k0;
-        v = make_float2(acc[4 * j + 2 * i] * k + 0.f, acc[4 * j + 2 * i + 1] * k + 0.f);
-      } else if constexpr (MODE == EpiMode::kColScale) {
-        const float2 sc = *reinterpret_cast<const float2*>(vs + c);
-        v = epi_pair<BN>(acc, pf, j, i, sc.x, sc.y, 0.f, 0.f);
-      } else {
-        const float2 sc = *reinterpret_cast<const float2*>(vs + c);
-        const float2 bc = *reinterpret_cast<const float2*>(vb + c);
-        v = epi_pair<BN>(acc, pf, j, i, sc.x, sc.y, bc.x, bc.y);
-      }
+      const float2 v = epi_value<BN, MODE>(acc, pf, vs, vb, j, i, 8 * j + lc, k0, k1);
       r[q] = pack_16bit<BF16>(v.x, v.y);
     }
     const int col8 = j0 + q_l / 2;  // 16-byte chunk of 8 columns
     uint8_t* dst = ctile + (col8 / 8) * (64 * 128) + row_l * 128 + (((col8 % 8) ^ (row_l & 7)) << 4);
     stmatrix_x4(dst, r[0], r[1], r[2], r[3]);
+  }
+}
+
+template <int BN, bool BF16>
+__device__ __forceinline__ void stage_16bit_mode(EpiMode mode, const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf,
+                                                 const float* vs, const float* vb, uint8_t* ctile, uint8_t* strip,
+                                                 int lane, int warp) {
+  switch (mode) {
+    case EpiMode::kUniform: stage_tile_16bit<BN, BF16, EpiMode::kUniform>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
+    case EpiMode::kFolded: stage_tile_16bit<BN, BF16, EpiMode::kFolded>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
+    case EpiMode::kColScale: stage_tile_16bit<BN, BF16, EpiMode::kColScale>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
+    default: stage_tile_16bit<BN, BF16, EpiMode::kGeneral>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
   }
 }
 
@@ -279,8 +326,9 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
       // then one thread stores it with TMA, which clips rows >= M and columns >= N.
       const int lc = 2 * (lane % 4);
       uint8_t* strip = ctile + 64 * staged_cols<BN>() * 2;
-      if constexpr (staged_cols<BN>() < BN) {
-        // The strip (last BN % 64 columns), row-major unswizzled: row pitch (BN % 64) x esize bytes.
+      if (staged_cols<BN>() < BN && ep.out_kind == 0) {
+        // fp32: the strip (last BN % 64 columns), row-major unswizzled: row pitch (BN % 64) x 4 bytes
+        // (16-bit outputs: in stage_tile_16bit).
         constexpr int kW = BN % 64;
 #pragma unroll
         for (int j = staged_cols<BN>() / 8; j < BN / 8; ++j) {
@@ -291,9 +339,7 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
           for (int i = 0; i < 2; ++i) {
             const int r = lr0 + 8 * i;
             const auto [v0, v1] = epi_pair<BN>(acc, pf, j, i, s0, s1, b0, b1);
-            if (ep.out_kind == 0) *reinterpret_cast<float2*>(strip + r * kW * 4 + cs * 4) = make_float2(v0, v1);
-            else if (ep.out_kind == 1) *reinterpret_cast<uint32_t*>(strip + r * kW * 2 + cs * 2) = pack_16bit<true>(v0, v1);
-            else *reinterpret_cast<uint32_t*>(strip + r * kW * 2 + cs * 2) = pack_16bit<false>(v0, v1);
+            *reinterpret_cast<float2*>(strip + r * kW * 4 + cs * 4) = make_float2(v0, v1);
           }
         }
       }
@@ -343,15 +389,8 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
         constexpr int W = 64;  // 16-bit elements per 128-byte swizzle row
         const EpiMode mode = epi_mode(ep);
         const int w = tid / 32;
-        if (ep.out_kind == 1) {
-          if (mode == EpiMode::kUniform) stage_tile_16bit<BN, true, EpiMode::kUniform>(acc, pf, vs, vb, ctile, lane, w);
-          else if (mode == EpiMode::kColScale) stage_tile_16bit<BN, true, EpiMode::kColScale>(acc, pf, vs, vb, ctile, lane, w);
-          else stage_tile_16bit<BN, true, EpiMode::kGeneral>(acc, pf, vs, vb, ctile, lane, w);
-        } else {
-          if (mode == EpiMode::kUniform) stage_tile_16bit<BN, false, EpiMode::kUniform>(acc, pf, vs, vb, ctile, lane, w);
-          else if (mode == EpiMode::kColScale) stage_tile_16bit<BN, false, EpiMode::kColScale>(acc, pf, vs, vb, ctile, lane, w);
-          else stage_tile_16bit<BN, false, EpiMode::kGeneral>(acc, pf, vs, vb, ctile, lane, w);
-        }
+        if (ep.out_kind == 1) stage_16bit_mode<BN, true>(mode, acc, pf, vs, vb, ctile, strip, lane, w);
+        else stage_16bit_mode<BN, false>(mode, acc, pf, vs, vb, ctile, strip, lane, w);
         fence_proxy_async();  // generic-proxy smem writes -> visible to the TMA engine
         named_bar_sync(bar_id, 128);
         if (tid == 0 && tile_row0 < ep.M) {
@@ -591,7 +630,7 @@ __device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const Ep
                                             int col_base, int lr0, int lane, int tid, int bar_id, int tile_row0) {
   if (!SWAP && tid == 0) bulk_wait_read0();
   named_bar_sync(bar_id, 128);
-  epi_publish_cols<BN>(vec, pf, tid);
+  epi_publish_cols<BN>(vec, pf, tid, !SWAP && epi_mode(ep) == EpiMode::kFolded);
   named_bar_sync(bar_id, 128);
   epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
 }
