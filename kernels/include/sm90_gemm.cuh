@@ -635,7 +635,7 @@ __device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const Ep
   epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
 }
 
-// CARRY (configs 12, 13; prepared, not yet run on a device): config 7's / 10's two accumulators, with
+// CARRY (configs 12, 13; measured in session 5: no faster than 7 / 10, not selected): config 7's / 10's two accumulators, with
 // each tile's first k-block issued BEFORE the previous tile's epilogue, so that the tensor cores work
 // through the epilogue (configs 7/10 drain at every tile end: wait_group 0, promote, epilogue, and
 // only then the next MMA; benchmarks/NOTES.md, session 4). One warpgroup's schedule, one flat loop over
