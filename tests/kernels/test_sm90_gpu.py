@@ -219,8 +219,11 @@ WIDE_CFGS = [c.id for c in configs.CONFIGS if not c.swap_ab and c.block_n % 64]
 @pytest.mark.parametrize("m, n, k", [(130, 280, 1040), (256, 288, 256), (200, 4096, 512), (2100, 6144, 384),
                                      (64, 136, 128), (129, 8, 16), (333, 1304, 4096)])
 @pytest.mark.parametrize("out_dtype", OUTS)
-def test_wide_tile_strip(cfg, m, n, k, out_dtype):
-    _case(m, n, k, E4, E4, "row", "row", torch.bfloat16, out_dtype, config=cfg)
+@pytest.mark.parametrize("ska, skb, bias_dtype", [("row", "row", torch.bfloat16), ("tensor", "row", None),
+                                                    ("tensor", "tensor", None)])
+def test_wide_tile_strip(cfg, m, n, k, out_dtype, ska, skb, bias_dtype):
+    # with a bias, and the two no-bias epilogue modes of the fp8-channel / fp8-tensor presets
+    _case(m, n, k, E4, E4, ska, skb, bias_dtype, out_dtype, config=cfg)
 
 
 # --------------------------------------------------------------- direct-store epilogue (fallback path)
