@@ -3,8 +3,9 @@
 For every Linear layer with enough calibration tokens, ``tr(dW H dW^T) / tr(W H W^T)``: the relative
 output error power of the GPTQ-rounded weight on the calibration inputs (``H = sum x x^T``), summed
 over layers; for fp8-tensor scales and for fp8-channel scales multiplied by a headroom factor (room
-for GPTQ's updates above each row's amax, which otherwise saturate). Also counts weights that end at
-``+-fmt_max * scale``. Weights only: activations stay unquantized here.
+for GPTQ's updates above each row's amax, which otherwise saturate), and for the per-channel scales as
+the library makes them with GPTQ: aligned to the grid by input energy (``calibration/scale_align.py``).
+Also counts weights that end at ``+-fmt_max * scale``. Weights only: activations stay unquantized here.
 
 Usage: python benchmarks/gptq_objective.py [--samples 16] [--headroom 1,1.0625,1.125,1.25]
 """
@@ -25,6 +26,7 @@ if str(ROOT) not in sys.path:
 from fp8_linear.calibration.data import materialize_batches  # noqa: E402
 from fp8_linear.calibration.gptq import gptq_fp8_many  # noqa: E402
 from fp8_linear.calibration.observers import weight_scale  # noqa: E402
+from fp8_linear.calibration.scale_align import align_weight_scale  # noqa: E402
 from fp8_linear.calibration.quantize import GPTQ_MIN_TOKENS_PER_FEATURE, calibrate, select_linears  # noqa: E402
 from fp8_linear.formats import fmt_max  # noqa: E402
 from fp8_linear.models import load_model  # noqa: E402
@@ -40,7 +42,8 @@ def main() -> int:
     targets = select_linears(model)
     batches = materialize_batches(None, tok, seq_len=512, max_samples=args.samples, batch_size=4)
     obs = calibrate(model, targets, batches, progress=False, histogram=False, hessian=True)
-    recipes = [("fp8-tensor", "tensor", 1.0)] + [(f"fp8-channel x{h}", "channel", float(h)) for h in args.headroom.split(",")]
+    recipes = ([("fp8-tensor", "tensor", 1.0)] + [(f"fp8-channel x{h}", "channel", float(h)) for h in args.headroom.split(",")]
+               + [("fp8-channel aligned", "channel", "align")])
     err = {r[0]: 0.0 for r in recipes}
     sat = {r[0]: 0 for r in recipes}
     groups: dict[int, list[str]] = {}
@@ -53,7 +56,9 @@ def main() -> int:
             continue  # the library rounds these to nearest
         h = hess.h.double()
         ws = [targets[n].weight.detach().float() for n in names]
-        scales = [weight_scale(w, gran, "e4m3", "minmax") * mult for _, gran, mult in recipes for w in ws]
+        h_diag = torch.diagonal(hess.h)
+        scales = [align_weight_scale(w, weight_scale(w, gran, "e4m3", "minmax"), h_diag, gran) if mult == "align"
+                  else weight_scale(w, gran, "e4m3", "minmax") * mult for _, gran, mult in recipes for w in ws]
         res = gptq_fp8_many([w for _ in recipes for w in ws], hess, scales, "e4m3")
         for i, (label, _, _) in enumerate(recipes):
             for j, w in enumerate(ws):

@@ -28,6 +28,7 @@ from fp8_linear.scheme import QuantScheme, resolve_scheme
 from .data import DEFAULT_BATCH_SIZE, DEFAULT_MAX_SAMPLES, DEFAULT_SEQ_LEN, Batch, materialize_batches
 from .gptq import HessianAccumulator, gptq_fp8_many
 from .observers import ActivationObserver, weight_scale
+from . import scale_align
 
 DEFAULT_IGNORE = ("lm_head",)
 #: GPTQ needs H = sum x x^T from at least this many calibration tokens per input feature; layers with
@@ -257,12 +258,34 @@ def prepare_weights(targets: dict[str, nn.Linear], schemes, observers=None, gptq
             todo.setdefault(key, resolve_scheme(s))
     scales = {key: {n: weight_scale(lin.weight.detach(), s.weight_granularity, s.fmt, s.weight_observer)
                     for n, lin in targets.items()} for key, s in todo.items()}
+    if gptq:
+        _align_scales(targets, todo, scales, observers)
     for fmt in {s.fmt for s in todo.values()}:
         keys = [k for k, s in todo.items() if s.fmt == fmt]
         rounded = _gptq_weights(targets, [scales[k] for k in keys], observers, fmt) if gptq else [{} for _ in keys]
         for k, r in zip(keys, rounded):
             cache[k] = (scales[k], r)
     return {k: cache[k] for k in (_weight_key(resolve_scheme(s), gptq) for s in schemes)}
+
+
+def _align_scales(targets, todo: dict, scales: dict, observers) -> None:
+    """Min-max weight scales of GPTQ recipes, moved to the grid alignment with the least
+    input-energy-weighted rounding error (:mod:`~fp8_linear.calibration.scale_align`), in place."""
+    candidates = scale_align.ALIGN_CANDIDATES  # read at call time: benchmarks may turn it off
+    if candidates <= 1:
+        return
+    diags: dict[int, torch.Tensor] = {}
+    for key, s in todo.items():
+        if s.weight_observer != "minmax" or s.weight_granularity not in scale_align.ALIGN_GRANULARITIES:
+            continue  # the clipping observers chose their range on purpose; per-tensor: see scale_align
+        for n, lin in targets.items():
+            hess = getattr(observers.get(n), "hessian", None) if observers else None
+            if hess is None or hess.tokens == 0:
+                continue  # _gptq_weights raises for these
+            if id(hess) not in diags:
+                diags[id(hess)] = torch.diagonal(hess.h).clone()
+            scales[key][n] = scale_align.align_weight_scale(lin.weight.detach(), scales[key][n], diags[id(hess)],
+                                                            s.weight_granularity, s.fmt)
 
 
 def _gptq_weights(targets, scales_list, observers, fmt) -> list[dict[str, torch.Tensor]]:
