@@ -246,6 +246,8 @@ def prepare_weights(targets: dict[str, nn.Linear], schemes, observers=None, gptq
 
     Returns (and stores in ``cache`` when given) ``{key: (scales, rounded)}``: ``scales[name]`` of the
     scheme's scale shape, ``rounded[name]`` the GPTQ weights (empty without ``gptq``). With ``gptq``,
+    min-max per-channel scales are first aligned to the FP8 grid by input energy
+    (:mod:`~fp8_linear.calibration.scale_align`; the stored scales are the aligned ones), and
     all recipes of one FP8 format go through a single GPTQ column sweep per distinct layer input
     (:func:`~fp8_linear.calibration.gptq.gptq_fp8_many`), so quantizing with every preset costs about
     one sweep, not one per preset.
