@@ -71,7 +71,7 @@ def _check_observer(observer: str, name: str = "observer") -> None:
         raise ValueError(f"{name}: expected one of {OBSERVERS}, got {observer!r}")
 
 
-def _cell_reduce(err: torch.Tensor, granularity: str) -> torch.Tensor:
+def cell_reduce(err: torch.Tensor, granularity: str) -> torch.Tensor:
     """Sum a per-element error ``[out, in]`` over each scale cell -> shaped like the scale."""
     if granularity == "tensor":
         return err.sum(dtype=torch.float64).reshape(1)
@@ -120,7 +120,7 @@ def _mse_search(w, amax, granularity, dtype, ratios) -> torch.Tensor:
         cand = amax * r
         s = expand_scale(scale_from_amax(cand, dtype), w.shape)
         deq = (w / s).clamp_(-m, m).to(dtype).to(SCALE_DTYPE).mul_(s)
-        err = _cell_reduce(deq.sub_(w).square_(), granularity)
+        err = cell_reduce(deq.sub_(w).square_(), granularity)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best_amax = torch.where(better, cand, best_amax)

@@ -26,7 +26,7 @@ import torch
 from fp8_linear.formats import SCALE_DTYPE, fmt_max, resolve_format
 from fp8_linear.quantize import expand_scale
 
-from .observers import _cell_reduce
+from .observers import cell_reduce
 
 #: Factors tried per scale cell: ``2^(i / ALIGN_CANDIDATES)`` for ``i`` in ``0 .. ALIGN_CANDIDATES - 1``;
 #: 1 turns the alignment off.
@@ -95,7 +95,7 @@ def align_weight_scale(w: torch.Tensor, scale: torch.Tensor, h_diag: torch.Tenso
     for g in align_factors(candidates):
         rq = (r / g).to(dtype).to(SCALE_DTYPE).mul_(g)
         # the cell's error in units of its scale^2, which is constant inside a cell: same argmin
-        err = _cell_reduce(rq.sub_(r).square_().mul_(hd), granularity).reshape(scale.shape)
+        err = cell_reduce(rq.sub_(r).square_().mul_(hd), granularity).reshape(scale.shape)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best = torch.where(better, torch.full_like(best, g), best)
