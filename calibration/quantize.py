@@ -270,6 +270,12 @@ def prepare_weights(targets: dict[str, nn.Linear], schemes, observers=None, gptq
     return {k: cache[k] for k in (_weight_key(resolve_scheme(s), gptq) for s in schemes)}
 
 
+def _hessian(observers, name: str) -> HessianAccumulator | None:
+    """The layer's accumulated ``H`` from calibration, or None (no observers, none kept, or no tokens)."""
+    hess = getattr(observers.get(name), "hessian", None) if observers else None
+    return hess if hess is not None and hess.tokens > 0 else None
+
+
 def _align_scales(targets, todo: dict, scales: dict, observers) -> None:
     """Min-max weight scales of GPTQ recipes, moved to the grid alignment with the least
     input-energy-weighted rounding error (:mod:`~fp8_linear.calibration.scale_align`), in place."""
@@ -281,8 +287,8 @@ def _align_scales(targets, todo: dict, scales: dict, observers) -> None:
         if s.weight_observer != "minmax" or s.weight_granularity not in scale_align.ALIGN_GRANULARITIES:
             continue  # the clipping observers chose their range on purpose; per-tensor: see scale_align
         for n, lin in targets.items():
-            hess = getattr(observers.get(n), "hessian", None) if observers else None
-            if hess is None or hess.tokens == 0:
+            hess = _hessian(observers, n)
+            if hess is None:
                 continue  # _gptq_weights raises for these
             if id(hess) not in diags:
                 diags[id(hess)] = torch.diagonal(hess.h).clone()
@@ -295,8 +301,8 @@ def _gptq_weights(targets, scales_list, observers, fmt) -> list[dict[str, torch.
     recipe each); layers sharing one input (one H) and all recipes are stacked and solved at once."""
     groups: dict[int, list[str]] = {}
     for name in targets:
-        hess = getattr(observers.get(name), "hessian", None) if observers else None
-        if hess is None or hess.tokens == 0:
+        hess = _hessian(observers, name)
+        if hess is None:
             raise CalibrationError(f"gptq: layer {name!r} has no input statistics (calibrate with hessian=True)")
         groups.setdefault(id(hess), []).append(name)
     out = [{} for _ in scales_list]

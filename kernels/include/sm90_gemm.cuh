@@ -224,12 +224,6 @@ __device__ __forceinline__ float2 epi_pair(const float (&acc)[BN / 2], const Epi
                      acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1);
 }
 
-// 16-bit output tile of one warpgroup (64 x BN) into the 128B-swizzled staging buffer, with stmatrix:
-// the accumulator pair (acc[4j + 2i], acc[4j + 2i + 1]) of every thread is exactly the fragment of the
-// 8 x 8 matrix at rows 16 * warp + 8i + (0..7), columns 8j + (0..7); one stmatrix.x4 stores the four
-// matrices (j0, 0), (j0, 1), (j0 + 1, 0), (j0 + 1, 1), lane l giving the address of row l % 8 of
-// matrix l / 8 (one 16-byte chunk, swizzled: chunk index XOR row % 8). Column scales and biases come
-// from shared memory as float2 (c is even).
 // The value pair of fragment (j, i) at tile column c (even) in mode MODE; k0, k1: kUniform's factors.
 template <int BN, EpiMode MODE>
 __device__ __forceinline__ float2 epi_value(const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf, const float* vs,
