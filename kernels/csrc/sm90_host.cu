@@ -29,6 +29,15 @@ int raster_group_m() {
   return g >= 1 && g <= 4096 ? g : kGroupM;
 }
 
+// Grid size rule (FP8_LINEAR_SM90_EVEN_WAVES=1; read at every launch, for benchmarks): the fewest CTAs
+// (clusters) that still finish in the same number of waves, so that every CTA takes the same number of
+// tiles and the SMs left over stay idle (under the card's power cap, fewer busy SMs may keep a higher
+// clock). Off by default. Any grid gives the same results, bit for bit (each tile is one CTA's work).
+int even_waves() {
+  const char* v = getenv("FP8_LINEAR_SM90_EVEN_WAVES");
+  return v != nullptr && v[0] == '1';
+}
+
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
   static std::once_flag once;
@@ -137,6 +146,7 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   la.ep.M = g.M;
   la.ep.N = g.N;
   la.ep.group_m = raster_group_m();
+  la.even_waves = even_waves();
 
   const void* ka = swap ? g.b : g.a;
   const void* kb = swap ? g.a : g.b;

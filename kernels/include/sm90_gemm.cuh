@@ -1048,6 +1048,7 @@ struct LaunchArgs {
   EpiParams ep;
   int config;
   int num_sms;
+  int even_waves;  // 1: the fewest CTAs for the same number of waves (sm90_host.cu, even_waves)
 };
 
 // The kernel of a config: OVL selects the cross-tile pipelined consumers (config 9), which exist only for
@@ -1122,7 +1123,11 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
   const int num_m = (la.rows_a + kBM - 1) / kBM;
   const int tiles = ((num_m + CL - 1) / CL) * ((la.rows_b + BN - 1) / BN);
   const int maxc = max_clusters[dev & 63].load(std::memory_order_relaxed);
-  const int clusters = tiles < maxc ? tiles : maxc;
+  int clusters = tiles < maxc ? tiles : maxc;
+  if (la.even_waves && clusters > 0) {
+    const int waves = (tiles + clusters - 1) / clusters;
+    clusters = (tiles + waves - 1) / waves;
+  }
   cfg.gridDim = dim3(clusters * CL, 1, 1);
   e = cudaLaunchKernelEx(&cfg, kernel, la.tma_a, la.tma_b, la.tma_out, la.rows_a, la.rows_b, la.K, la.ep);
   if (e != cudaSuccess) return cudaGetErrorString(e);

@@ -284,6 +284,19 @@ def test_schedule_variant_bitwise_equals_base(m, n, k, out_dtype, cid):
     assert torch.equal(out, ref), f"config {cid} differs from config {base}: max |diff| {(out.double() - ref.double()).abs().max().item()}"
 
 
+#: FP8_LINEAR_SM90_EVEN_WAVES=1 launches the fewest CTAs that finish in the same number of waves: a
+#: different split of the tiles among the CTAs, the same bits.
+@pytest.mark.parametrize("cfg", [7, 10, 11, 12])
+def test_even_waves_is_bitwise_neutral(cfg, monkeypatch):
+    m, n, k = 2100, 2000, 512  # 17 x 16 tiles of 128 x 128 (272: 3 waves on 132 SMs, 91 CTAs when even)
+    a, b, sa, sb, bias = make_inputs(m, n, k, E4, E4, "row", "row", torch.bfloat16)
+    monkeypatch.delenv("FP8_LINEAR_SM90_EVEN_WAVES", raising=False)
+    ref = run_poisoned(a, b, sa, sb, bias, torch.bfloat16, cfg)
+    monkeypatch.setenv("FP8_LINEAR_SM90_EVEN_WAVES", "1")
+    out = run_poisoned(a, b, sa, sb, bias, torch.bfloat16, cfg)
+    assert torch.equal(out, ref)
+
+
 #: The tile raster (row-blocks per group, FP8_LINEAR_SM90_GROUP_M) only reorders the tiles among the
 #: persistent CTAs: every group height gives the same bits.
 @pytest.mark.parametrize("cfg", [7, 10, 11])
