@@ -200,16 +200,26 @@ __device__ __forceinline__ EpiMode epi_mode(const EpiParams& ep) {
   return ep.sa_row ? EpiMode::kColScale : EpiMode::kFolded;
 }
 
+// Slot of tile column c in the "by lane" order of the column scales (EpiMode::kFolded, kColScale): the
+// thread of lane % 4 == t needs columns 8j + 2t and 8j + 2t + 1 of every j, so the four values of a pair
+// of j (2p, 2p + 1) sit together: [p][t][(c % 16) / 8][c % 2]; one 16-byte load then gives a thread two
+// fragments' scales (four distinct addresses per warp: no bank conflict).
+__device__ __forceinline__ int epi_lane_slot(int c) {
+  return ((c / 16) * 4 + (c % 8) / 2) * 4 + ((c % 16) / 8) * 2 + c % 2;
+}
+
 // Publish the prefetched column values into the warpgroup's shared vectors ([0, BN) scale,
 // [BN, 2BN) bias); with `fold` (EpiMode::kFolded) the scale slots hold row scale x column scale, the
-// product that the general formula forms per value (same operands, same order).
+// product that the general formula forms per value (same operands, same order); with `by_lane`
+// (kFolded, kColScale) the scales are in epi_lane_slot order, the biases always in column order.
 template <int BN>
-__device__ __forceinline__ void epi_publish_cols(float* vec, const EpiPrefetch<BN>& pf, int tid, bool fold) {
+__device__ __forceinline__ void epi_publish_cols(float* vec, const EpiPrefetch<BN>& pf, int tid, bool fold,
+                                                 bool by_lane) {
 #pragma unroll
   for (int q = 0; q < EpiPrefetch<BN>::kColPerThread; ++q) {
     const int lc = tid + kWgThreads * q;
     if (lc < BN) {
-      vec[lc] = fold ? pf.row_scale[0] * pf.col_scale[q] : pf.col_scale[q];
+      vec[by_lane ? epi_lane_slot(lc) : lc] = fold ? pf.row_scale[0] * pf.col_scale[q] : pf.col_scale[q];
       vec[BN + lc] = pf.col_bias[q];
     }
   }
@@ -224,24 +234,37 @@ __device__ __forceinline__ float2 epi_pair(const float (&acc)[BN / 2], const Epi
                      acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1);
 }
 
-// The value pair of fragment (j, i) at tile column c (even) in mode MODE; k0, k1: kUniform's factors.
+// The value pairs of fragments (j0 + q / 2, q % 2), q = 0..3, for an even j0 (tile columns 8 j0 + lc and
+// 8 (j0 + 1) + lc, lc = 2 (lane % 4)) in mode MODE; k0, k1: kUniform's factors of the thread's two rows.
 template <int BN, EpiMode MODE>
-__device__ __forceinline__ float2 epi_value(const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf, const float* vs,
-                                            const float* vb, int j, int i, int c, float k0, float k1) {
-  const float a0 = acc[4 * j + 2 * i], a1 = acc[4 * j + 2 * i + 1];
-  if constexpr (MODE == EpiMode::kUniform) {
-    const float k = i ? k1 : k0;
-    return make_float2(a0 * k + 0.f, a1 * k + 0.f);
-  } else if constexpr (MODE == EpiMode::kFolded) {
-    const float2 f = *reinterpret_cast<const float2*>(vs + c);
-    return make_float2(a0 * f.x + 0.f, a1 * f.y + 0.f);
-  } else if constexpr (MODE == EpiMode::kColScale) {
-    const float2 sc = *reinterpret_cast<const float2*>(vs + c);
-    return epi_pair<BN>(acc, pf, j, i, sc.x, sc.y, 0.f, 0.f);
+__device__ __forceinline__ void epi_values(const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf, const float* vs,
+                                           const float* vb, int j0, int lc, float k0, float k1, float2 (&v)[4]) {
+  if constexpr (MODE == EpiMode::kFolded || MODE == EpiMode::kColScale) {
+    const float4 f = *reinterpret_cast<const float4*>(vs + epi_lane_slot(8 * j0 + lc));
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int j = j0 + q / 2, i = q % 2;
+      const float s0 = q / 2 ? f.z : f.x, s1 = q / 2 ? f.w : f.y;
+      if constexpr (MODE == EpiMode::kFolded) {
+        v[q] = make_float2(acc[4 * j + 2 * i] * s0 + 0.f, acc[4 * j + 2 * i + 1] * s1 + 0.f);
+      } else {
+        v[q] = epi_pair<BN>(acc, pf, j, i, s0, s1, 0.f, 0.f);
+      }
+    }
   } else {
-    const float2 sc = *reinterpret_cast<const float2*>(vs + c);
-    const float2 bc = *reinterpret_cast<const float2*>(vb + c);
-    return epi_pair<BN>(acc, pf, j, i, sc.x, sc.y, bc.x, bc.y);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int j = j0 + q / 2, i = q % 2;
+      const int c = 8 * j + lc;
+      if constexpr (MODE == EpiMode::kUniform) {
+        const float k = i ? k1 : k0;
+        v[q] = make_float2(acc[4 * j + 2 * i] * k + 0.f, acc[4 * j + 2 * i + 1] * k + 0.f);
+      } else {
+        const float2 sc = *reinterpret_cast<const float2*>(vs + c);
+        const float2 bc = *reinterpret_cast<const float2*>(vb + c);
+        v[q] = epi_pair<BN>(acc, pf, j, i, sc.x, sc.y, bc.x, bc.y);
+      }
+    }
   }
 }
 
@@ -262,29 +285,29 @@ __device__ __forceinline__ void stage_tile_16bit(const float (&acc)[BN / 2], con
   const int row_l = 16 * warp + 8 * (q_l % 2) + lane % 8;  // this lane's stmatrix row address
   // kUniform: the factor of each of the thread's two rows, row scale x the per-tensor column scale
   const float k0 = pf.row_scale[0] * pf.col_scale[0], k1 = pf.row_scale[1] * pf.col_scale[0];
+  static_assert(BN % 16 == 0, "the epilogue takes the columns in pairs of 8-column fragments");
   if constexpr (staged_cols<BN>() < BN) {
     constexpr int kW = BN % 64;
     const int lr0 = warp * 16 + lane / 4;
 #pragma unroll
-    for (int j = staged_cols<BN>() / 8; j < BN / 8; ++j) {
-      const int c = 8 * j + lc;
+    for (int j0 = staged_cols<BN>() / 8; j0 < BN / 8; j0 += 2) {
+      float2 v[4];
+      epi_values<BN, MODE>(acc, pf, vs, vb, j0, lc, k0, k1, v);
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const float2 v = epi_value<BN, MODE>(acc, pf, vs, vb, j, i, c, k0, k1);
-        *reinterpret_cast<uint32_t*>(strip + (lr0 + 8 * i) * kW * 2 + (c - staged_cols<BN>()) * 2) =
-            pack_16bit<BF16>(v.x, v.y);
+      for (int q = 0; q < 4; ++q) {
+        const int c = 8 * (j0 + q / 2) + lc;
+        *reinterpret_cast<uint32_t*>(strip + (lr0 + 8 * (q % 2)) * kW * 2 + (c - staged_cols<BN>()) * 2) =
+            pack_16bit<BF16>(v[q].x, v[q].y);
       }
     }
   }
 #pragma unroll
   for (int j0 = 0; j0 < staged_cols<BN>() / 8; j0 += 2) {  // the staged columns
     uint32_t r[4];
+    float2 v[4];
+    epi_values<BN, MODE>(acc, pf, vs, vb, j0, lc, k0, k1, v);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int j = j0 + q / 2, i = q % 2;
-      const float2 v = epi_value<BN, MODE>(acc, pf, vs, vb, j, i, 8 * j + lc, k0, k1);
-      r[q] = pack_16bit<BF16>(v.x, v.y);
-    }
+    for (int q = 0; q < 4; ++q) r[q] = pack_16bit<BF16>(v[q].x, v[q].y);
     const int col8 = j0 + q_l / 2;  // 16-byte chunk of 8 columns
     uint8_t* dst = ctile + (col8 / 8) * (64 * 128) + row_l * 128 + (((col8 % 8) ^ (row_l & 7)) << 4);
     stmatrix_x4(dst, r[0], r[1], r[2], r[3]);
@@ -627,7 +650,9 @@ __device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const Ep
   // kUniform reads no column vector (one factor per row): no publication and no second barrier. The
   // choice is uniform per launch, so all 128 threads take the same side of the barrier.
   if (SWAP || epi_mode(ep) != EpiMode::kUniform) {
-    epi_publish_cols<BN>(vec, pf, tid, !SWAP && epi_mode(ep) == EpiMode::kFolded);
+    const EpiMode mode = SWAP ? EpiMode::kGeneral : epi_mode(ep);
+    epi_publish_cols<BN>(vec, pf, tid, mode == EpiMode::kFolded,
+                         mode == EpiMode::kFolded || mode == EpiMode::kColScale);
     named_bar_sync(bar_id, 128);
   }
   epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
