@@ -640,21 +640,17 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CU
 // End of a tile for one consumer warpgroup: once its previous TMA store has finished reading ctile
 // (bulk_wait_read0) and every thread passed barrier bar_id (the warpgroup's own named barrier, 128
 // threads: nobody still reads vec / ctile of the previous tile), publish this tile's column
-// scales/bias to vec, barrier again (vec complete; both skipped in EpiMode::kUniform), then the epilogue.
+// scales/bias to vec, barrier again (vec complete), then the epilogue.
 template <int BN, bool SWAP>
 __device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const EpiParams& ep, const EpiPrefetch<BN>& pf,
                                             float* vec, uint8_t* ctile, const CUtensorMap* tma_out, int row0,
                                             int col_base, int lr0, int lane, int tid, int bar_id, int tile_row0) {
   if (!SWAP && tid == 0) bulk_wait_read0();
   named_bar_sync(bar_id, 128);
-  // kUniform reads no column vector (one factor per row): no publication and no second barrier. The
-  // choice is uniform per launch, so all 128 threads take the same side of the barrier.
-  if (SWAP || epi_mode(ep) != EpiMode::kUniform) {
-    const EpiMode mode = SWAP ? EpiMode::kGeneral : epi_mode(ep);
-    epi_publish_cols<BN>(vec, pf, tid, mode == EpiMode::kFolded,
-                         mode == EpiMode::kFolded || mode == EpiMode::kColScale);
-    named_bar_sync(bar_id, 128);
-  }
+  const EpiMode mode = SWAP ? EpiMode::kGeneral : epi_mode(ep);
+  epi_publish_cols<BN>(vec, pf, tid, mode == EpiMode::kFolded,
+                       mode == EpiMode::kFolded || mode == EpiMode::kColScale);
+  named_bar_sync(bar_id, 128);
   epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
 }
 
