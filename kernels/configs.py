@@ -65,11 +65,14 @@ LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
 ENV_CONFIG = "FP8_LINEAR_SM90_CONFIG"
 #: Environment override of the split-K factor (1 = off; an upper bound, see select_splits).
 ENV_SPLITS = "FP8_LINEAR_SM90_SPLITS"
-#: Split K only when the output tiles would leave more than this fraction of the SMs idle...
-SPLIT_MAX_BUSY_FRACTION = 0.5
-#: ...and give every split at least this many 128-wide k-blocks (the pipeline fill and the fp32
-#: partial sums' traffic stay small against the split's MMA and operand loads).
-MIN_KB_PER_SPLIT = 4
+#: Split K only when the output tiles fill at most this fraction of the SMs...
+SPLIT_MAX_BUSY_FRACTION = 0.25
+#: ...and give every split at least this many 128-wide k-blocks. Both measured (H200, session 6 run 5,
+#: benchmarks/splitk_bench.py on the Llama shapes with M = 1..256): a split pays only where each CTA
+#: keeps a long K range (4096 x 14336: 4 splits of 28 k-blocks, 1.14-1.59x faster); with 32-64
+#: k-blocks per tile, or half the SMs already busy, the partials' round trip and the second launch
+#: (3-6 us) cost more than the extra SMs give.
+MIN_KB_PER_SPLIT = 24
 #: Upper bound of the split factor (the binding refuses more than 64).
 MAX_SPLITS = 16
 
@@ -138,7 +141,7 @@ def select_splits(config: KernelConfig, m: int, n: int, k: int, num_sms: int = 1
 
     When the output tiles fill at most SPLIT_MAX_BUSY_FRACTION of the SMs (decode and short prefill
     shapes: e.g. M = 64, N = 4096 is 32 tiles on 132 SMs), K is cut into up to ``num_sms // tiles``
-    ranges of at least MIN_KB_PER_SPLIT k-blocks, so that more SMs stream the weight; each split writes
+    ranges of at least MIN_KB_PER_SPLIT k-blocks, so that more SMs share the work; each split writes
     its fp32 partial sums to a workspace and one small kernel sums them with the bias into the output.
     Configs on clusters and configs 9/12/13 do not split. ``FP8_LINEAR_SM90_SPLITS`` overrides (as an
     upper bound; 1 turns split K off).

@@ -212,14 +212,14 @@ def test_split_count_leaves_no_empty_range():
 
 
 @pytest.mark.parametrize("m, n, k, want", [
-    (64, 4096, 14336, 4),    # config 3: 32 tiles -> 4 splits of 28 k-blocks
-    (1, 4096, 4096, 4),      # config 1: 32 tiles, 32 k-blocks
-    (128, 4096, 14336, 4),   # config 7 / 10: 32 tiles
-    (64, 8192, 28672, 2),    # config 3: 64 tiles (<= 66): 2 splits
-    (64, 28672, 4096, 1),    # 224 tiles: the SMs are busy already
+    (64, 4096, 14336, 4),    # 32 tiles, 112 k-blocks -> 4 splits of 28
+    (1, 4096, 14336, 4),
+    (128, 4096, 14336, 4),   # config 7 / 10: 29-32 tiles
+    (1, 4096, 4096, 1),      # 32 k-blocks: a split would keep fewer than MIN_KB_PER_SPLIT
+    (64, 8192, 28672, 1),    # 64 tiles: more than a quarter of the SMs busy already
+    (64, 28672, 4096, 1),
     (2048, 4096, 4096, 1),
-    (64, 4096, 256, 1),      # 2 k-blocks: nothing to split
-    (16, 256, 16384, 16),    # 2 tiles: capped at MAX_SPLITS
+    (16, 256, 16384, 5),     # 2 tiles, 128 k-blocks: 5 splits of >= 24
 ])
 def test_select_splits(m, n, k, want, monkeypatch):
     monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
