@@ -63,18 +63,6 @@ LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
 
 #: Environment override: force one config id for every problem (benchmarks, debugging).
 ENV_CONFIG = "FP8_LINEAR_SM90_CONFIG"
-#: Environment override of the split-K factor (1 = off; an upper bound, see select_splits).
-ENV_SPLITS = "FP8_LINEAR_SM90_SPLITS"
-#: Split K only when the output tiles fill at most this fraction of the SMs...
-SPLIT_MAX_BUSY_FRACTION = 0.25
-#: ...and give every split at least this many 128-wide k-blocks. Both measured (H200, session 6 run 5,
-#: benchmarks/splitk_bench.py on the Llama shapes with M = 1..256): a split pays only where each CTA
-#: keeps a long K range (4096 x 14336: 4 splits of 28 k-blocks, 1.14-1.59x faster); with 32-64
-#: k-blocks per tile, or half the SMs already busy, the partials' round trip and the second launch
-#: (3-6 us) cost more than the extra SMs give.
-MIN_KB_PER_SPLIT = 24
-#: Upper bound of the split factor (the binding refuses more than 64).
-MAX_SPLITS = 16
 
 
 def tiles(config: KernelConfig, m: int, n: int) -> int:
@@ -124,42 +112,3 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132) -> KernelConfig:
         if cost < best_cost:
             best, best_cost = CONFIGS[cid], cost
     return best
-
-
-def split_count(num_kb: int, splits: int) -> int:
-    """Splits that actually run for ``splits`` requested over ``num_kb`` k-blocks: each split takes
-    ``ceil(num_kb / splits)`` k-blocks, and only as many splits as that leaves non-empty (the host's rule
-    in ``sm90_host.cu``)."""
-    if splits <= 1 or num_kb <= 1:
-        return 1
-    per = -(-num_kb // splits)
-    return -(-num_kb // per)
-
-
-def select_splits(config: KernelConfig, m: int, n: int, k: int, num_sms: int = 132) -> int:
-    """Split-K factor for an ``[m, k] x [n, k]`` problem on ``config`` (1 = no split).
-
-    When the output tiles fill at most SPLIT_MAX_BUSY_FRACTION of the SMs (decode and short prefill
-    shapes: e.g. M = 64, N = 4096 is 32 tiles on 132 SMs), K is cut into up to ``num_sms // tiles``
-    ranges of at least MIN_KB_PER_SPLIT k-blocks, so that more SMs share the work; each split writes
-    its fp32 partial sums to a workspace and one small kernel sums them with the bias into the output.
-    Configs on clusters and configs 9/12/13 do not split. ``FP8_LINEAR_SM90_SPLITS`` overrides (as an
-    upper bound; 1 turns split K off).
-    """
-    if config.cluster > 1 or config.overlap or config.carry:
-        return 1
-    num_kb = -(-k // BLOCK_K)
-    forced = os.environ.get(ENV_SPLITS)
-    if forced not in (None, ""):
-        try:
-            want = int(forced)
-        except ValueError as e:
-            raise ValueError(f"{ENV_SPLITS}={forced!r}: expected an integer >= 1") from e
-        if not 1 <= want <= 64:
-            raise ValueError(f"{ENV_SPLITS}={forced!r}: expected 1..64")
-        return split_count(num_kb, want)
-    t = tiles(config, m, n)
-    if t > num_sms * SPLIT_MAX_BUSY_FRACTION:
-        return 1
-    want = min(num_sms // t, num_kb // MIN_KB_PER_SPLIT, MAX_SPLITS)
-    return split_count(num_kb, want)

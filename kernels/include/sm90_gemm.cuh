@@ -52,11 +52,6 @@ struct EpiParams {
   int sa_row, sb_row, bias_kind, out_kind;
   int tma_store;  // 1: epilogue through shared memory + TMA store (non-swap, N * esize % 16 == 0)
   int group_m;    // tile raster group height in row-blocks (kGroupM unless overridden, see sm90_host.cu)
-  // Split K (see split_tile): each output tile is computed as `splits` partial sums over consecutive
-  // ranges of kb_per_split k-blocks, each stored (fp32, scaled, no bias) at out + split * split_stride;
-  // the host then sums them (splitk_reduce). splits = 1, kb_per_split = all k-blocks: no split.
-  int splits, kb_per_split;
-  long split_stride;  // elements between two splits' [M, N] partial outputs
 };
 
 // Columns of a BN-wide tile that go through the swizzled TMA-store staging buffer: whole 64-column
@@ -115,25 +110,6 @@ __device__ __forceinline__ void tile_coords(int t, int num_m, int num_n, int gro
   const int r = t - g * per_group;
   mb = first_m + r % gsize;
   nb = r / gsize;
-}
-
-// Work item t of the persistent walk -> output tile and k-block range: with split K each tile is
-// `splits` consecutive work items (t = tile * splits + split), split s covering k-blocks
-// [s * kb_per, min((s + 1) * kb_per, num_kb)). The host picks kb_per so that no range is empty.
-// SPLIT = false (cluster configs, which the host never splits): compiled out, one tile per item.
-template <bool SPLIT>
-__device__ __forceinline__ void split_tile(int t, const EpiParams& ep, int num_kb, int& tile, int& split, int& kb0,
-                                          int& nkb) {
-  if constexpr (!SPLIT) {
-    tile = t;
-    split = kb0 = 0;
-    nkb = num_kb;
-    return;
-  }
-  tile = t / ep.splits;
-  split = t - tile * ep.splits;
-  kb0 = split * ep.kb_per_split;
-  nkb = min(ep.kb_per_split, num_kb - kb0);
 }
 
 __device__ __forceinline__ float load_bias(const void* p, int kind, int idx) {
@@ -358,7 +334,7 @@ template <int BN, bool SWAP>
 __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiParams& ep, const EpiPrefetch<BN>& pf,
                                          const float* vec, uint8_t* ctile, const CUtensorMap* tma_out,
                                          int row0, int col_base, int lr0, int lane, int tid, int bar_id,
-                                         int tile_row0, long out_off = 0) {
+                                         int tile_row0) {
   if constexpr (!SWAP) {
     const float* vs = vec;
     const float* vb = vec + BN;
@@ -460,7 +436,7 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
       for (int i = 0; i < 2; ++i) {
         const int r = row0 + 8 * i;
         if (r >= ep.M) continue;
-        const long idx = static_cast<long>(r) * ep.N + c + out_off;
+        const long idx = static_cast<long>(r) * ep.N + c;
         const auto [v0, v1] = epi_pair<BN>(acc, pf, j, i, s0, s1, b0, b1);
         if (pair_ok) {  // c is even, so idx is even: 2-element vector store is aligned
           store_two(ep.out, ep.out_kind, idx, v0, v1);
@@ -484,7 +460,7 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
         for (int i = 0; i < 2; ++i) {
           const int n = row0 + 8 * i;
           if (n >= ep.N) continue;
-          const long idx = static_cast<long>(m) * ep.N + n + out_off;
+          const long idx = static_cast<long>(m) * ep.N + n;
           store_one(ep.out, ep.out_kind, idx, acc[4 * j + 2 * i + e] * (pf.row_scale[i] * sm) + pf.row_bias[i]);
         }
       }
@@ -635,15 +611,14 @@ template <int BN, int CL, int S, int kStageA, int kStageB, int kStage>
 __device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CUtensorMap* tma_b, uint8_t* sA,
                                               uint8_t* sB, uint64_t* full, uint64_t* empty, int first_tile,
                                               int num_tiles, int tile_step, int num_mp, int num_n, int num_kb,
-                                              uint32_t rank, const EpiParams& ep) {
+                                              uint32_t rank, int group_m) {
   int stage = 0;
   uint32_t phase = 0;
   for (int t = first_tile; t < num_tiles; t += tile_step) {
-    int tile, split, kb0, nkb, mb, nb;
-    split_tile<CL == 1>(t, ep, num_kb, tile, split, kb0, nkb);
-    tile_coords(tile, num_mp, num_n, ep.group_m, mb, nb);
+    int mb, nb;
+    tile_coords(t, num_mp, num_n, group_m, mb, nb);
     mb = mb * CL + rank;
-    for (int kb = kb0; kb < kb0 + nkb; ++kb) {
+    for (int kb = 0; kb < num_kb; ++kb) {
       mbar_wait(&empty[stage], phase ^ 1);
       mbar_arrive_expect_tx(&full[stage], kStage);  // OOB parts are zero-filled and still counted
       tma_load_2d(sA + stage * kStageA, tma_a, &full[stage], kb * kBK, mb * kBM);
@@ -669,15 +644,14 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CU
 template <int BN, bool SWAP>
 __device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const EpiParams& ep, const EpiPrefetch<BN>& pf,
                                             float* vec, uint8_t* ctile, const CUtensorMap* tma_out, int row0,
-                                            int col_base, int lr0, int lane, int tid, int bar_id, int tile_row0,
-                                            long out_off = 0) {
+                                            int col_base, int lr0, int lane, int tid, int bar_id, int tile_row0) {
   if (!SWAP && tid == 0) bulk_wait_read0();
   named_bar_sync(bar_id, 128);
   const EpiMode mode = SWAP ? EpiMode::kGeneral : epi_mode(ep);
   epi_publish_cols<BN>(vec, pf, tid, mode == EpiMode::kFolded,
                        mode == EpiMode::kFolded || mode == EpiMode::kColScale);
   named_bar_sync(bar_id, 128);
-  epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0, out_off);
+  epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
 }
 
 // CARRY (configs 12, 13; measured in session 5: no faster than 7 / 10, not selected): config 7's / 10's two accumulators, with
@@ -811,7 +785,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int num_mp = (num_m + CL - 1) / CL;
   const int num_n = (rows_b + BN - 1) / BN;
   const int num_kb = (K + kBK - 1) / kBK;
-  const int num_tiles = num_mp * num_n * (CL == 1 ? ep.splits : 1);  // work items: tiles x K splits
+  const int num_tiles = num_mp * num_n;
   const int wg = threadIdx.x / 128;
   const uint32_t rank = CL > 1 ? cluster_ctarank() : 0;
   const int first_tile = blockIdx.x / CL;
@@ -827,7 +801,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       producer_loop<BN, CL, S, C::kStageA, C::kStageB, C::kStage>(&tma_a, &tma_b, sA, sB, full, empty, first_tile,
                                                                   num_tiles, tile_step, num_mp, num_n, num_kb, rank,
-                                                                  ep);
+                                                                  ep.group_m);
     }
   } else {
     // ------------------------------------------------------------ consumers
@@ -848,9 +822,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                             num_n, num_kb, cw, tid, warp, lane, bar_id);
     } else
     for (int t = first_tile; t < num_tiles; t += tile_step) {
-      int tile, split, kb0, nkb, mb, nb;
-      split_tile<CL == 1>(t, ep, num_kb, tile, split, kb0, nkb);
-      tile_coords(tile, num_mp, num_n, ep.group_m, mb, nb);
+      int mb, nb;
+      tile_coords(t, num_mp, num_n, ep.group_m, mb, nb);
       mb = mb * CL + rank;
       const int lr0 = warp * 16 + lane / 4;  // local row inside the warpgroup's 64 rows
       const int tile_row0 = mb * kBM + cw * 64;
@@ -865,10 +838,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (DBL) {
         static_assert(NACC == 1, "DBL keeps one accumulator per k-block");
         mainloop_double<BN, CL, FA, FB, S, C::kStageA, C::kStageB>(fin, sA + cw * 64 * kBK, sB, full, empty, stage,
-                                                                  phase, nkb, lane);
+                                                                  phase, num_kb, lane);
       } else {
         float acc[NACC][BN / 2];
-        for (int kb = 0; kb < nkb; ++kb) {
+        for (int kb = 0; kb < num_kb; ++kb) {
           mbar_wait(&full[stage], phase);
           issue_kblock<BN, NACC, FA, FB>(acc, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
           wgmma_wait<0>();
@@ -881,8 +854,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
 
-      finish_tile<BN, SWAP>(fin, ep, pf, vec, ctile, &tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0,
-                            split * ep.split_stride);
+      finish_tile<BN, SWAP>(fin, ep, pf, vec, ctile, &tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
     }
     if (!SWAP && tid == 0) bulk_wait0();
   }
@@ -1082,7 +1054,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       producer_loop<BN, 1, S, C::kStageA, C::kStageB, C::kStage>(&tma_a, &tma_b, L.sA, L.sB, L.full, L.empty,
                                                                  blockIdx.x, num_tiles, gridDim.x, num_m, num_n,
-                                                                 num_kb, 0, ep);
+                                                                 num_kb, 0, ep.group_m);
     }
   } else {
     setmaxnreg_inc<232>();
@@ -1170,7 +1142,7 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
     done_mask.fetch_or(bit, std::memory_order_acq_rel);
   }
   const int num_m = (la.rows_a + kBM - 1) / kBM;
-  const int tiles = ((num_m + CL - 1) / CL) * ((la.rows_b + BN - 1) / BN) * (CL == 1 ? la.ep.splits : 1);
+  const int tiles = ((num_m + CL - 1) / CL) * ((la.rows_b + BN - 1) / BN);
   const int maxc = max_clusters[dev & 63].load(std::memory_order_relaxed);
   int clusters = tiles < maxc ? tiles : maxc;
   if (la.even_waves && clusters > 0) {
