@@ -22,6 +22,13 @@ Methods (all fp8-channel unless the name says otherwise):
 ``gptaq-seq``      the same with ``Q(X~)`` in place of ``Q(X)``, ``X~`` the inputs the already
                    quantized layers produce (layers in module order; upstream error included).
 ``dynamic``        fp8-dynamic (per-token activation scales) with GPTQ: is the static scale the limit?
+``bias-corr``      ``gptq``, then each layer's bias corrected by the mean output error over the calibration
+                   tokens, ``mean(W x) - mean(Q-layer(x))`` on the fp32 model's inputs (empirical bias
+                   correction: is the loss a systematic shift that mean pooling keeps?).
+``act-align``      ``gptq``, then each static input scale multiplied by the ``g = 2^(i/16)``, i = 0..15,
+                   with the least output error ``||(X - Q_g(X)) W_q^T||^2`` on 4096 calibration tokens
+                   (the weights' grid alignment, applied to the activations: a feature with near-constant
+                   values can be put on a grid point).
 ``weights-only``   diagnostic, NOT a scheme: the ``gptq`` weights (dequantized) with fp32 activations.
 ``acts-only``      diagnostic, NOT a scheme: fp32 weights, activations rounded with ``gptq``'s input scales.
 ``mixed-ffn1``     NOT fp8-channel: fp8-channel + GPTQ with the FFN up projections
@@ -65,7 +72,11 @@ SEQ_LEN = 128
 CALIB_BATCH = 128
 #: Dampening of the GPTAQ least-squares target, as a fraction of mean(diag A).
 GPTAQ_DAMP = 0.01
-METHODS = ("rtn", "gptq", "gptq-all", "gptq-ao", "gptq-all-ao", "gptaq", "gptaq-seq", "dynamic", "weights-only", "acts-only", "mixed-ffn1", "mixed-ffn")
+METHODS = ("rtn", "gptq", "gptq-all", "gptq-ao", "gptq-all-ao", "gptaq", "gptaq-seq", "dynamic", "bias-corr", "act-align",
+           "weights-only", "acts-only", "mixed-ffn1", "mixed-ffn")
+#: act-align: candidate factors per scale, and the calibration tokens that score them.
+ALIGN_STEPS = 16
+ALIGN_TOKENS = 4096
 IGNORE = {"mixed-ffn1": [r"re:.*\.intermediate\.dense$"],
           "mixed-ffn": [r"re:.*\.intermediate\.dense$", r"re:.*layer\.\d+\.output\.dense$"]}
 
@@ -147,6 +158,47 @@ def gptaq(model: nn.Module, batches, sequential: bool) -> nn.Module:
     return q
 
 
+def fp8_layers(q: nn.Module) -> list[str]:
+    """Names of ``q``'s FP8Linear layers that see every token (the pooler sees one per sentence)."""
+    return [n for n, m in q.named_modules() if isinstance(m, FP8Linear) and "pooler" not in n]
+
+
+def bias_correct(model: nn.Module, q: nn.Module, batches) -> nn.Module:
+    """``q`` with each FP8 layer's bias moved by ``mean(W x) - mean(q_layer(x))`` over the fp32 model's
+    inputs ``x`` of that layer (non-padding calibration tokens); in place."""
+    names = fp8_layers(q)
+    xs = layer_inputs(model, names, batches)
+    with torch.inference_mode():
+        for n in names:
+            qm, w = q.get_submodule(n), model.get_submodule(n).weight.double()
+            shift = (xs[n].double() @ w.t()).mean(0) - (qm(xs[n]) - qm.bias).double().mean(0)
+            qm.bias.data += shift.float()
+    return q
+
+
+def align_input_scales(model: nn.Module, q: nn.Module, batches) -> nn.Module:
+    """``q`` with each static input scale ``s`` replaced by the ``s * 2^(i / ALIGN_STEPS)`` (never
+    clips) whose rounding of the layer's fp32 inputs gives the least output error through the
+    quantized weights, ``||(X - Q(X)) W_q^T||^2`` on ALIGN_TOKENS tokens; ties keep ``s``; in place."""
+    names = fp8_layers(q)
+    xs = layer_inputs(model, names, batches)
+    gen = torch.Generator().manual_seed(0)
+    for n in names:
+        qm, x = q.get_submodule(n), xs[n]
+        if x.shape[0] > ALIGN_TOKENS:
+            x = x[torch.randperm(x.shape[0], generator=gen)[:ALIGN_TOKENS]]
+        w = fp8_to_float32(qm.weight) * qm.weight_scale.reshape(-1, 1)
+        s0 = qm.input_scale.detach().clone()
+        best_err, best = None, s0
+        for i in range(ALIGN_STEPS):
+            s = s0 * 2 ** (i / ALIGN_STEPS)
+            err = float((((x - fp8_to_float32(quantize_unchecked(x, qm.weight.dtype, s)) * s) @ w.t()) ** 2).sum())
+            if best_err is None or err < best_err * (1 - 1e-9):
+                best_err, best = err, s
+        qm.input_scale.data.copy_(best)
+    return q
+
+
 def split_error(model: nn.Module, q: nn.Module, keep: str) -> nn.Module:
     """A copy of the fp32 ``model`` with only one FP8 rounding of ``q`` (``keep`` = ``"weights"``: its
     dequantized weights, fp32 activations; ``"acts"``: fp32 weights, inputs rounded with its input scales)."""
@@ -166,6 +218,10 @@ def split_error(model: nn.Module, q: nn.Module, keep: str) -> nn.Module:
 
 
 def quantize(method: str, model, tok, calib: list[str], batches) -> nn.Module:
+    if method == "bias-corr":
+        return bias_correct(model, quantize("gptq", model, tok, calib, batches), batches)
+    if method == "act-align":
+        return align_input_scales(model, quantize("gptq", model, tok, calib, batches), batches)
     if method in ("weights-only", "acts-only"):
         return split_error(model, quantize("gptq", model, tok, calib, batches), method.split("-")[0])
     if method.endswith("-ao"):
