@@ -61,6 +61,15 @@ LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
     (10, 1.107 * 1.019, 2.0),  # run 17 (steady state)
 )
 
+#: For 32 < M <= 64, the swapped 64-wide tile (config 3) only where N is large: with at most this many
+#: 128-row blocks of N the large-M path (config 7: a 128-row tile, half of it zero-filled by TMA) is
+#: faster. Measured (H200, session 6 run 6, `benchmarks/splitk_bench.py --ms 32,64 --configs 3,7`,
+#: M = 64, us per call, config 3 vs 7): N = 4096 x K 4096 20.2 vs 16.6, 6144 x 4096 20.8 vs 18.2,
+#: 4096 x 14336 49.1 vs 41.2, 8192 x 8192 33.8 vs 32.8 (within noise); config 3 ahead from N = 10240
+#: (35.9 vs 37.6, 57344 x 8192: 152.5 vs 171.6). Config 3 promotes its four accumulators every 32 of
+#: K, which costs at long K; at M = 32 config 2 beats both on every shape.
+SWAP64_MIN_N_BLOCKS = 49
+
 #: Environment override: force one config id for every problem (benchmarks, debugging).
 ENV_CONFIG = "FP8_LINEAR_SM90_CONFIG"
 
@@ -85,8 +94,9 @@ def estimated_cost(config: KernelConfig, m: int, n: int, rel_throughput: float, 
 def select_config(m: int, n: int, k: int, num_sms: int = 132) -> KernelConfig:
     """Pick a config for an ``[m, k] x [n, k]`` problem.
 
-    Decode-like M (<= 64) puts N on wgmma's M side (swap A/B) with the narrowest tile that covers M,
-    so no tensor-core work is spent on padding rows. Otherwise the fastest of LARGE_M_CANDIDATES by
+    Decode-like M (<= 32, and <= 64 when N has at least SWAP64_MIN_N_BLOCKS row blocks) puts N on
+    wgmma's M side (swap A/B) with the narrowest tile that covers M, so no tensor-core work is spent on
+    padding rows. Otherwise the fastest of LARGE_M_CANDIDATES by
     :func:`estimated_cost` (128 x 128 or 128 x 144 with two accumulators, or 128 x 192).
     """
     if m <= 0 or n <= 0 or k <= 0:
@@ -104,7 +114,7 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132) -> KernelConfig:
         return CONFIGS[1]
     if m <= 32:
         return CONFIGS[2]
-    if m <= 64:
+    if m <= 64 and -(-n // BLOCK_M) >= SWAP64_MIN_N_BLOCKS:
         return CONFIGS[3]
     best, best_cost = CONFIGS[LARGE_M_CONFIG], float("inf")
     for cid, rel, overhead in LARGE_M_CANDIDATES:

@@ -10,7 +10,7 @@ namespace fp8sm90 {
 //   0  : (128, false, 1, 1)   M > 64: A rows on wgmma's M; TMA-store epilogue when N * esize % 16 == 0
 //   1  : ( 16, true,  4, 1)   M <= 16: swap A/B, N on wgmma's M
 //   2  : ( 32, true,  4, 1)   M <= 32
-//   3  : ( 64, true,  4, 1)   M <= 64
+//   3  : ( 64, true,  4, 1)   M <= 64 when N > 6144 (smaller N: config 7; kernels/configs.py)
 //   4  : (128, false, 2, 1)   as 0 with promotion every 64 of K (slower; comparison)
 //   5  : (128, false, 1, 2)   as 0 on 2-CTA clusters, B tile multicast (half the B traffic from L2)
 //   6  : (192, false, 1, 1)   128 x 192 tile: 20% less shared-memory traffic per FLOP than 128 x 128

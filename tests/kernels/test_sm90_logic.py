@@ -104,13 +104,15 @@ def test_can_run_valid_cpu_problem_needs_cuda():
 
 
 # ---------------------------------------------------------------- config selection
-@pytest.mark.parametrize("m, cid, bn, swap", [(1, 1, 16, True), (16, 1, 16, True), (17, 2, 32, True),
-                                               (32, 2, 32, True), (33, 3, 64, True), (64, 3, 64, True),
-                                               (65, 7, 128, False), (4096, 7, 128, False),
-                                               (8192, 7, 128, False)])
-def test_select_config(m, cid, bn, swap, monkeypatch):
+@pytest.mark.parametrize("m, n, cid, bn, swap", [(1, 4096, 1, 16, True), (16, 4096, 1, 16, True),
+                                                  (17, 4096, 2, 32, True), (32, 4096, 2, 32, True),
+                                                  (33, 4096, 7, 128, False), (64, 6144, 7, 128, False),
+                                                  (33, 6272, 3, 64, True), (64, 10240, 3, 64, True),
+                                                  (65, 4096, 7, 128, False), (4096, 4096, 7, 128, False),
+                                                  (8192, 4096, 7, 128, False)])
+def test_select_config(m, n, cid, bn, swap, monkeypatch):
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
-    c = configs.select_config(m, 4096, 4096)
+    c = configs.select_config(m, n, 4096)
     assert (c.id, c.block_n, c.swap_ab) == (cid, bn, swap)
     # a swapped tile must cover M in one column block
     if c.swap_ab:
