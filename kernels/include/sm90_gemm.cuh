@@ -274,8 +274,8 @@ __device__ __forceinline__ void epi_values(const float (&acc)[BN / 2], const Epi
 // the accumulator pair (acc[4j + 2i], acc[4j + 2i + 1]) of every thread is exactly the fragment of the
 // 8 x 8 matrix at rows 16 * warp + 8i + (0..7), columns 8j + (0..7); one stmatrix.x4 stores the four
 // matrices (j0, 0), (j0, 1), (j0 + 1, 0), (j0 + 1, 1), lane l giving the address of row l % 8 of
-// matrix l / 8 (one 16-byte chunk, swizzled: chunk index XOR row % 8). Column scales and biases come
-// from shared memory as float2 (c is even).
+// matrix l / 8 (one 16-byte chunk, swizzled: chunk index XOR row % 8). The values come from epi_values
+// (column scales and biases from the shared vectors as MODE needs them).
 template <int BN, bool BF16, EpiMode MODE>
 __device__ __forceinline__ void stage_tile_16bit(const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf,
                                                  const float* vs, const float* vb, uint8_t* ctile, uint8_t* strip,
