@@ -5,7 +5,8 @@
 Both projects calibrate on the same token windows (the bundled text's calibration split), save a
 checkpoint, and the checkpoints are loaded by ``fp8_linear.load_quantized`` and evaluated by the same
 code (``fp8_linear.calibration.evaluate``) on the same held-out windows (the disjoint eval split), in
-fp32 against the same unquantized fp32 model. Prints both projects' numbers side by side and writes
+fp32 against the same unquantized fp32 model (``--eval-dtype bfloat16``: every model, the baseline
+included, evaluated in bf16; calibration stays fp32 on both sides). Prints both projects' numbers side by side and writes
 Markdown + JSON to ``--out``.
 
 llm-compressor pins a transformers release other than the project's, so it lives in its own virtual
@@ -34,7 +35,6 @@ import time
 OURS = ("fp8-tensor", "fp8-channel", "fp8-dynamic", "fp8-block")
 THEIRS = ("FP8", "FP8_DYNAMIC")
 DEFAULT_LC_PYTHON = "/tmp/lcvenv/bin/python"
-BASELINE = "unquantized-fp32"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -102,6 +102,8 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=8, help="eval windows of 512 tokens (default 8)")
     ap.add_argument("--lc-python", default=os.environ.get("LLMCOMPRESSOR_PYTHON", DEFAULT_LC_PYTHON),
                     help="python of a virtual environment with llmcompressor installed")
+    ap.add_argument("--eval-dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="dtype of the evaluation (models and baseline); calibration is fp32 either way")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--gguf", help=argparse.SUPPRESS)
@@ -123,11 +125,14 @@ def main() -> None:
     from fp8_linear.models import bundled_path, load_model
     from fp8_linear.scheme import resolve_scheme
 
+    eval_dtype = getattr(torch, args.eval_dtype)
+    short = {"float32": "fp32", "bfloat16": "bf16"}[args.eval_dtype]
+    baseline = f"unquantized-{short}"
     gguf = bundled_path("smollm2")
     model, tok = load_model(gguf)
     calib = materialize_batches(None, tok, max_samples=args.samples, seq_len=args.seq_len)
     evalb = eval_batches(tok, max_windows=args.windows)
-    models, timing = {BASELINE: model}, {}
+    models, timing = {baseline: model}, {}
     work = tempfile.mkdtemp(prefix="fp8-vs-llmcompressor-")
     atexit.register(shutil.rmtree, work, True)  # six checkpoints, ~1.3 GB: removed however the run ends
 
@@ -143,7 +148,7 @@ def main() -> None:
         timing[f"ours {s.name}"] = t_cal + time.perf_counter() - t0
         path = os.path.join(work, s.name)
         save_quantized(q, path, overwrite=True)
-        models[f"ours {s.name}"] = load_quantized(path, dtype=torch.float32).eval()
+        models[f"ours {s.name}"] = load_quantized(path, dtype=eval_dtype).eval()
 
     lc_version = llmcompressor_version(args.lc_python)
     if lc_version is None:
@@ -155,11 +160,12 @@ def main() -> None:
         for s in THEIRS:
             path = os.path.join(work, f"llmcompressor-{s}")
             timing[f"llm-compressor {s}"] = run_llmcompressor(args.lc_python, s, gguf, ids_file, path)
-            models[f"llm-compressor {s}"] = load_quantized(path, dtype=torch.float32).eval()
+            models[f"llm-compressor {s}"] = load_quantized(path, dtype=eval_dtype).eval()
 
-    res = evaluate_models(models, BASELINE, evalb, progress=False)
-    base = res[BASELINE].perplexity
-    lines = ["| model | ppl | ppl vs fp32 % | top-1 agree | KL nats/token | mean / min layer SQNR dB | quantize s |",
+    models[baseline] = models[baseline].to(eval_dtype)  # after every calibration (fp32) is done
+    res = evaluate_models(models, baseline, evalb, progress=False)
+    base = res[baseline].perplexity
+    lines = [f"| model | ppl | ppl vs {short} % | top-1 agree | KL nats/token | mean / min layer SQNR dB | quantize s |",
              "|---|---|---|---|---|---|---|"]
     rows = []
     for name, r in res.items():
@@ -176,7 +182,7 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     meta = {"date": stamp, "machine": platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__,
             "llmcompressor": lc_version, "fp8_linear": fp8_linear.__version__, "calib_windows": args.samples,
-            "calib_seq_len": args.seq_len, "eval_tokens": res[BASELINE].tokens, "eval_dtype": "float32",
+            "calib_seq_len": args.seq_len, "eval_tokens": res[baseline].tokens, "eval_dtype": args.eval_dtype,
             "ours_gptq": True, "checkpoints": "every model saved and reloaded with fp8_linear.load_quantized",
             "data": "pydoc_data.topics: calibration split / disjoint eval split"}
     base_path = os.path.join(args.out, f"llmcompressor_compare_{stamp}")
@@ -184,7 +190,8 @@ def main() -> None:
         json.dump({"meta": meta, "rows": rows}, f, indent=2)
     with open(base_path + ".md", "w") as f:
         f.write(f"# fp8-linear vs llm-compressor on SmolLM2-135M ({stamp})\n\n"
-                f"`python benchmarks/llmcompressor_compare.py --samples {args.samples} --windows {args.windows}`\n\n"
+                f"`python benchmarks/llmcompressor_compare.py --samples {args.samples} --windows {args.windows}"
+                f" --eval-dtype {args.eval_dtype}`\n\n"
                 f"{json.dumps(meta)}\n\n{table}\n")
     print(f"wrote {base_path}.json and .md")
 
