@@ -64,7 +64,7 @@ from fp8_linear.calibration.observers import weight_scale  # noqa: E402
 from fp8_linear.calibration.quantize import _set_module, calibrate, select_linears  # noqa: E402
 from fp8_linear.formats import resolve_format, scale_from_amax  # noqa: E402
 from fp8_linear.models import load_model  # noqa: E402
-from fp8_linear.quantize import fp8_to_float32, quantize_unchecked  # noqa: E402
+from fp8_linear.quantize import dequantize_fp8, fp8_to_float32, quantize_unchecked  # noqa: E402
 
 #: Issue 3's bar and the calibration sentences' token limit (as the test uses).
 BAR = 0.999
@@ -187,12 +187,12 @@ def align_input_scales(model: nn.Module, q: nn.Module, batches) -> nn.Module:
         qm, x = q.get_submodule(n), xs[n]
         if x.shape[0] > ALIGN_TOKENS:
             x = x[torch.randperm(x.shape[0], generator=gen)[:ALIGN_TOKENS]]
-        w = fp8_to_float32(qm.weight) * qm.weight_scale.reshape(-1, 1)
+        w = dequantize_fp8(qm.weight, qm.weight_scale)
         s0 = qm.input_scale.detach().clone()
         best_err, best = None, s0
         for i in range(ALIGN_STEPS):
             s = s0 * 2 ** (i / ALIGN_STEPS)
-            err = float((((x - fp8_to_float32(quantize_unchecked(x, qm.weight.dtype, s)) * s) @ w.t()) ** 2).sum())
+            err = float((((x - dequantize_fp8(quantize_unchecked(x, qm.weight.dtype, s), s)) @ w.t()) ** 2).sum())
             if best_err is None or err < best_err * (1 - 1e-9):
                 best_err, best = err, s
         qm.input_scale.data.copy_(best)
@@ -208,10 +208,10 @@ def split_error(model: nn.Module, q: nn.Module, keep: str) -> nn.Module:
             continue
         lin = out.get_submodule(name)
         if keep == "weights":
-            lin.weight.data.copy_(fp8_to_float32(m.weight) * m.weight_scale)
+            lin.weight.data.copy_(dequantize_fp8(m.weight, m.weight_scale))
         else:
             def hook(_m, args, s=m.input_scale, dt=m.weight.dtype):
-                return (fp8_to_float32(quantize_unchecked(args[0], dt, s)) * s,)
+                return (dequantize_fp8(quantize_unchecked(args[0], dt, s), s),)
 
             lin.register_forward_pre_hook(hook)
     return out
