@@ -1,5 +1,5 @@
-"""Small awkward-shape sweep over every sm90 kernel config, format pair, scale kind and out dtype;
-run under compute-sanitizer by benchmarks/sanitize.sh. Exits 1 on a wrong result."""
+"""Small awkward-shape sweep over every sm90 kernel config, format pair, scale kind and out dtype
+(and split K where the shapes or a forced factor give it); run under compute-sanitizer by benchmarks/sanitize.sh. Exits 1 on a wrong result."""
 
 from __future__ import annotations
 
@@ -39,8 +39,11 @@ def main() -> int:
     cfgs = [int(c) for c in args.configs.split(",") if c.strip()] or list(range(len(configs.CONFIGS)))
     for cfg in cfgs:
         c = configs.CONFIGS[cfg]
-        cfg_shapes = shapes + (multi_tile if c.overlap or c.carry or c.id == configs.LARGE_M_CONFIG else [])
-        for i, (m, n, k) in enumerate(cfg_shapes):
+        cfg_shapes = [(*s, None) for s in shapes]
+        cfg_shapes += [(*s, None) for s in multi_tile] if c.overlap or c.carry or c.id == configs.LARGE_M_CONFIG else []
+        # split K forced (17 k-blocks -> 5 ranges of 4, the last of 1; M / N tails) where the config can split
+        cfg_shapes += [(70, 300, 2064, 5)] if c.split_k else []
+        for i, (m, n, k, splits) in enumerate(cfg_shapes):
             fa, fb = fmts[(cfg + i) % 4]
             a = (torch.randn(m, k, device="cuda") * 2).to(fa)
             b = (torch.randn(n, k, device="cuda") * 2).to(fb)
@@ -51,7 +54,7 @@ def main() -> int:
             # i = 0 per-tensor scales, 1 and 5 per-token x per-channel, 4 per-tensor x per-channel)
             od = outs[(cfg + i) % 3] if bias is not None else outs[(cfg + i) % 2]
             out = torch.full((m, n), float("nan"), device="cuda", dtype=od)
-            kern.sm90_gemm_out(a, b, sa, sb, bias, out, cfg)
+            kern.sm90_gemm_out(a, b, sa, sb, bias, out, cfg, splits=splits)
             ref = (a.double() * sa.double().reshape(-1, 1)) @ (b.double() * sb.double().reshape(-1, 1)).T
             if bias is not None:
                 ref = ref + bias.double()

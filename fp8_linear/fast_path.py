@@ -12,7 +12,7 @@ tests/core/test_gpu_fast_path.py checks on an sm_90 device).
 Taken only in eager mode (``torch.compile`` traces the registered op), on CUDA, for static
 per-tensor and dynamic per-token activations with per-tensor / per-channel weight scales. The
 eligibility is decided once per module, device and switch setting and kept on the module as a plain
-attribute (:data:`STATE_ATTR`, not a buffer); the kernel config is kept per M.
+attribute (:data:`STATE_ATTR`, not a buffer); the kernel config and split-K factor are kept per M.
 
 Switches (read on every call, so a change takes effect at once):
 ``FP8_LINEAR_FAST_PATH=0`` turns this path off; ``FP8_LINEAR_BACKEND`` other than ``sm90`` and
@@ -57,14 +57,14 @@ class FastPathState:
 
     ``key``: ``(device, switch values)`` it was decided for; ``ok`` / ``reason``: the decision;
     ``mode``: :data:`MODE_STATIC` or :data:`MODE_TOKEN`; ``fmt_max``: the FP8 format's maximum;
-    ``configs``: kernel config id per M, filled on use.
+    ``configs``: (kernel config id, split-K factor) per M, filled on use.
     """
 
     __slots__ = ("key", "ok", "reason", "mode", "fmt_max", "configs")
 
     def __init__(self, key, ok: bool, reason: str, mode: int = -1, fmax: float = 0.0):
         self.key, self.ok, self.reason, self.mode, self.fmt_max = key, ok, reason, mode, fmax
-        self.configs: dict[int, int] = {}
+        self.configs: dict[int, tuple[int, int]] = {}
 
     def __reduce__(self):
         # A copy (deepcopy, pickle) starts undecided: the extension handle is per process.
@@ -78,14 +78,14 @@ def _kernels():
 
 
 def _switch_names() -> tuple[str, ...]:
-    """Ours, the backend override, the fused-quantization switch and the kernel-config override."""
+    """Ours, the backend override, the fused-quantization switch, the kernel-config and split-K overrides."""
     kern = _kernels()
     quant = importlib.import_module(kern.__name__ + ".quant_triton")
-    return ENV_FAST_PATH, BACKEND_ENV, quant.ENV_DISABLE, kern.configs.ENV_CONFIG
+    return ENV_FAST_PATH, BACKEND_ENV, quant.ENV_DISABLE, kern.configs.ENV_CONFIG, kern.configs.ENV_SPLITS
 
 
-def _switch_reader(names: tuple[str, str, str, str]):
-    """A function that returns the raw values of the four environment variables ``names`` (None if unset).
+def _switch_reader(names: tuple[str, ...]):
+    """A function that returns the raw values of the environment variables ``names`` (None if unset).
 
     It reads CPython's dict behind ``os.environ`` (``os.environ._data``, keys encoded once) when there
     is one: ``os.environ.get`` costs about 1.5 us per unset name (a KeyError inside), which is most of
@@ -97,11 +97,11 @@ def _switch_reader(names: tuple[str, str, str, str]):
     data, enc = getattr(env, "_data", None), getattr(env, "encodekey", None)
     if isinstance(data, dict) and callable(enc):
         get = data.get
-        a, b, c, d = (enc(n) for n in names)
-        return lambda: (get(a), get(b), get(c), get(d))
-    a, b, c, d = names
+        a, b, c, d, e = (enc(n) for n in names)
+        return lambda: (get(a), get(b), get(c), get(d), get(e))
+    a, b, c, d, e = names
     get = env.get
-    return lambda: (get(a), get(b), get(c), get(d))
+    return lambda: (get(a), get(b), get(c), get(d), get(e))
 
 
 def _text(v) -> str | None:
@@ -161,7 +161,7 @@ def decide(mod, device: torch.device, switches: tuple | None = None) -> FastPath
     """
     sw = switches if switches is not None else _switches()
     key = (device, sw)
-    fast, backend, fused, _config = (_text(v) for v in sw)
+    fast, backend, fused = (_text(v) for v in sw[:3])
     if fast == "0":
         return FastPathState(key, False, f"turned off ({ENV_FAST_PATH}=0)")
     if backend and backend.strip() and backend.strip() != "sm90":
@@ -221,12 +221,15 @@ def forward(mod, x: torch.Tensor) -> "torch.Tensor | None":
     w = p["weight"]
     n, k = w.shape
     m = numel // k
-    cfg = st.configs.get(m)
-    if cfg is None:
+    choice = st.configs.get(m)
+    if choice is None:
         if len(st.configs) >= MAX_CACHED_M:  # many distinct prompt lengths: keep the cache bounded
             st.configs.clear()
-        cfg = st.configs[m] = _kernels().select_config(m, n, k).id
-    return _ext.linear_fwd(x, w, p["input_scale"], p["weight_scale"], p["bias"], st.mode, cfg, st.fmt_max, MIN_SCALE)
+        kern = _kernels()
+        config = kern.select_config(m, n, k)
+        choice = st.configs[m] = (config.id, kern.select_splits(config, m, n, k))
+    return _ext.linear_fwd(x, w, p["input_scale"], p["weight_scale"], p["bias"], st.mode, choice[0], st.fmt_max,
+                           MIN_SCALE, choice[1])
 
 
 def forget(mod) -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from .configs import CONFIGS, KernelConfig, select_config
+from .configs import CONFIGS, KernelConfig, select_config, select_splits
 
-__all__ = ["CONFIGS", "KernelConfig", "select_config", "sm90_gemm", "sm90_gemm_out", "OP_NAME"]
+__all__ = ["CONFIGS", "KernelConfig", "select_config", "select_splits", "sm90_gemm", "sm90_gemm_out", "OP_NAME"]
 
 OP_NAME = "fp8_linear::sm90_gemm"
 _SCHEMA = (
@@ -19,15 +19,19 @@ _SCHEMA = (
 )
 
 
-def sm90_gemm_out(a, b, scale_a, scale_b, bias, out, config: int = -1, direct_store: bool = False) -> torch.Tensor:
+def sm90_gemm_out(a, b, scale_a, scale_b, bias, out, config: int = -1, direct_store: bool = False,
+                  splits: int | None = None) -> torch.Tensor:
     """Run the kernel into a preallocated contiguous ``out`` ([M, N]); ``config=-1`` picks by shape.
-
-    ``direct_store=True`` forces the register -> global epilogue instead of the TMA store (tests)."""
+    ``direct_store=True`` forces the register -> global epilogue instead of the TMA store (tests).
+    ``splits``: split-K factor (an upper bound; 1 = off); ``None`` picks by shape (:func:`select_splits`)."""
     from . import jit
 
+    m, n, k = a.shape[0], b.shape[0], a.shape[1]
     if config < 0:
-        config = select_config(a.shape[0], b.shape[0], a.shape[1]).id
-    jit.load().gemm_out(a, b, scale_a, scale_b, bias, out, int(config), 1 if direct_store else 0)
+        config = select_config(m, n, k).id
+    if splits is None:
+        splits = select_splits(CONFIGS[config], m, n, k) if 0 <= config < len(CONFIGS) else 1
+    jit.load().gemm_out(a, b, scale_a, scale_b, bias, out, int(config), 1 if direct_store else 0, int(splits))
     return out
 
 

@@ -22,20 +22,21 @@ class KernelConfig:
     double_acc: bool = False  # two accumulators: issue k-block i+1 before promoting k-block i
     overlap: bool = False  # pipeline across tiles: next tile's first k-blocks run under this tile's epilogue
     carry: bool = False  # the next tile's first k-block issued before this tile's epilogue (even k-blocks)
+    split_k: bool = False  # has split-K kernel instances (select_splits; sm90_gemm.cuh config_splits_k)
 
 
 CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(0, 128, False, 1),
-    KernelConfig(1, 16, True, 4),
-    KernelConfig(2, 32, True, 4),
-    KernelConfig(3, 64, True, 4),
+    KernelConfig(1, 16, True, 4, split_k=True),
+    KernelConfig(2, 32, True, 4, split_k=True),
+    KernelConfig(3, 64, True, 4, split_k=True),
     KernelConfig(4, 128, False, 2),  # promotion every 64: comparison, not selected (20% slower)
     KernelConfig(5, 128, False, 1, 2),  # 2-CTA cluster, B multicast: correct, ~2% slower than 0 (run 11)
     KernelConfig(6, 192, False, 1),  # 128 x 192 tile: less shared-memory and L2 traffic per FLOP
-    KernelConfig(7, 128, False, 1, 1, True),  # 0 with two accumulators (wgmma.wait_group 1)
+    KernelConfig(7, 128, False, 1, 1, True, split_k=True),  # 0 with two accumulators (wgmma.wait_group 1)
     KernelConfig(8, 128, False, 1, 2, True),  # 7 on 2-CTA clusters, B multicast: 8% slower than 7 (run 13)
     KernelConfig(9, 128, False, 1, 1, True, True),  # 7 + epilogue overlapped with the next tile (v9; slower)
-    KernelConfig(10, 144, False, 1, 1, True),  # 7 on a 128 x 144 tile (v10)
+    KernelConfig(10, 144, False, 1, 1, True, split_k=True),  # 7 on a 128 x 144 tile (v10)
     KernelConfig(11, 144, False, 1, 2, True),  # 10 on 2-CTA clusters, B multicast (v11)
     KernelConfig(12, 128, False, 1, 1, True, carry=True),  # 7, next tile's kb 0 under the epilogue (v13): = 7 (+0.2%)
     KernelConfig(13, 144, False, 1, 1, True, carry=True),  # 10, the same (v13): = 10 (+0.1%, session 5 run 1)
@@ -72,6 +73,18 @@ SWAP64_MIN_N_BLOCKS = 49
 
 #: Environment override: force one config id for every problem (benchmarks, debugging).
 ENV_CONFIG = "FP8_LINEAR_SM90_CONFIG"
+#: Environment override of the split-K factor (1 = off; an upper bound, see select_splits).
+ENV_SPLITS = "FP8_LINEAR_SM90_SPLITS"
+#: Split K only when the output tiles fill at most this fraction of the SMs...
+SPLIT_MAX_BUSY_FRACTION = 0.25
+#: ...and give every split at least this many 128-wide k-blocks. Both measured (H200, session 6 run 5,
+#: benchmarks/splitk_bench.py on the Llama shapes with M = 1..256): a split pays only where each CTA
+#: keeps a long K range (4096 x 14336: 4 splits of 28 k-blocks, 1.14-1.59x faster); with 32-64
+#: k-blocks per tile, or half the SMs already busy, the partials' round trip and the second launch
+#: (1-6 us) cost more than the extra SMs give.
+MIN_KB_PER_SPLIT = 24
+#: Upper bound of the split factor (the binding refuses more than 64).
+MAX_SPLITS = 16
 
 
 def tiles(config: KernelConfig, m: int, n: int) -> int:
@@ -122,3 +135,42 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132) -> KernelConfig:
         if cost < best_cost:
             best, best_cost = CONFIGS[cid], cost
     return best
+
+
+def split_count(num_kb: int, splits: int) -> int:
+    """Splits that actually run for ``splits`` requested over ``num_kb`` k-blocks: each split takes
+    ``ceil(num_kb / splits)`` k-blocks, and only as many splits as that leaves non-empty (the host's rule
+    in ``sm90_host.cu``)."""
+    if splits <= 1 or num_kb <= 1:
+        return 1
+    per = -(-num_kb // splits)
+    return -(-num_kb // per)
+
+
+def select_splits(config: KernelConfig, m: int, n: int, k: int, num_sms: int = 132) -> int:
+    """Split-K factor for an ``[m, k] x [n, k]`` problem on ``config`` (1 = no split).
+
+    When the output tiles fill at most SPLIT_MAX_BUSY_FRACTION of the SMs (decode and short prefill
+    shapes: e.g. M = 64, N = 4096 is 32 tiles on 132 SMs), K is cut into up to ``num_sms // tiles``
+    ranges of at least MIN_KB_PER_SPLIT k-blocks, so that more SMs share the work; each split writes
+    its fp32 partial sums to a workspace and one small kernel sums them with the bias into the output.
+    Only configs with split-K kernel instances (``split_k``: 1, 2, 3, 7, 10) split. ``FP8_LINEAR_SM90_SPLITS`` overrides (as an
+    upper bound; 1 turns split K off).
+    """
+    if not config.split_k:
+        return 1
+    num_kb = -(-k // BLOCK_K)
+    forced = os.environ.get(ENV_SPLITS)
+    if forced not in (None, ""):
+        try:
+            want = int(forced)
+        except ValueError as e:
+            raise ValueError(f"{ENV_SPLITS}={forced!r}: expected an integer >= 1") from e
+        if not 1 <= want <= 64:
+            raise ValueError(f"{ENV_SPLITS}={forced!r}: expected 1..64")
+        return split_count(num_kb, want)
+    t = tiles(config, m, n)
+    if t > num_sms * SPLIT_MAX_BUSY_FRACTION:
+        return 1
+    want = min(num_sms // t, num_kb // MIN_KB_PER_SPLIT, MAX_SPLITS)
+    return split_count(num_kb, want)

@@ -58,7 +58,8 @@ int fmt_code(const at::Tensor& t, const char* name) {
 
 // out = (a @ b.T) * scale_a * scale_b + bias, written into `out` ([M, N], contiguous).
 void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
-              const c10::optional<at::Tensor>& bias, at::Tensor& out, int64_t config, int64_t flags) {
+              const c10::optional<at::Tensor>& bias, at::Tensor& out, int64_t config, int64_t flags,
+              int64_t splits = 1) {
   FP8_CHECK(a.is_cuda() && b.is_cuda() && out.is_cuda(), "sm90_gemm: tensors must be on CUDA");
   FP8_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1), "sm90_gemm: a [M, K] and b [N, K] expected");
   FP8_CHECK(a.is_contiguous() && b.is_contiguous() && out.is_contiguous(), "sm90_gemm: contiguous tensors expected");
@@ -105,7 +106,14 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
   }
   g.config = static_cast<int>(config);
   g.force_direct_store = (flags & 1) ? 1 : 0;
+  FP8_CHECK(splits >= 1 && splits <= 64, "sm90_gemm: splits must be 1..64, got ", splits);
   const c10::cuda::CUDAGuard guard(a.device());
+  g.splits = static_cast<int>(splits);
+  at::Tensor workspace;  // split K: the partial sums [splits, M, N] fp32 (torch's caching allocator)
+  if (splits > 1) {
+    workspace = at::empty({splits, M, N}, out.options().dtype(at::kFloat));
+    g.workspace = workspace.data_ptr<float>();
+  }
   g.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const char* err = fp8sm90::gemm(g, at::cuda::getCurrentCUDAStream());
   FP8_CHECK(err == nullptr, "sm90_gemm: ", err ? err : "");
@@ -184,7 +192,7 @@ std::tuple<at::Tensor, at::Tensor> act_quant(const at::Tensor& x, int64_t fp8, i
 // returned as [..., N].
 at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& input_scale,
                       const at::Tensor& weight_scale, const c10::optional<at::Tensor>& bias, int64_t act_mode,
-                      int64_t config, double fmt_max, double min_scale) {
+                      int64_t config, double fmt_max, double min_scale, int64_t splits) {
   FP8_CHECK(act_mode == fp8act::kStatic || act_mode == fp8act::kToken,
               "linear_fwd: act_mode must be 0 (static) or 1 (per-token), got ", act_mode);
   FP8_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1),
@@ -203,7 +211,7 @@ at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::
   }
   act_quant_into(x2, q, sa, act_mode, fmt_max, min_scale);
   at::Tensor out = at::empty({M, N}, x.options());
-  gemm_out(q, weight, sa, weight_scale, bias, out, config, 0);
+  gemm_out(q, weight, sa, weight_scale, bias, out, config, 0, splits);
   if (x.dim() == 2) return out;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = N;
@@ -213,15 +221,15 @@ at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gemm_out", &gemm_out, "FP8 GEMM (sm_90a) into a preallocated output; flags bit 0: direct-store epilogue",
+  m.def("gemm_out", &gemm_out, "FP8 GEMM (sm_90a) into a preallocated output; flags bit 0: direct-store epilogue; splits > 1: split K",
         pybind11::arg("a"), pybind11::arg("b"), pybind11::arg("scale_a"), pybind11::arg("scale_b"),
-        pybind11::arg("bias"), pybind11::arg("out"), pybind11::arg("config"), pybind11::arg("flags") = 0);
+        pybind11::arg("bias"), pybind11::arg("out"), pybind11::arg("config"), pybind11::arg("flags") = 0, pybind11::arg("splits") = 1);
   m.def("act_quant", &act_quant, "Activation quantization (mode 0 static [1] scale, 1 per-token, 2 1x128 groups)",
         pybind11::arg("x"), pybind11::arg("fp8"), pybind11::arg("mode"), pybind11::arg("scale"),
         pybind11::arg("fmt_max"), pybind11::arg("min_scale"));
   m.def("linear_fwd", &linear_fwd, "FP8Linear forward: activation quantization + sm90 GEMM in one call",
         pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("input_scale"), pybind11::arg("weight_scale"),
         pybind11::arg("bias"), pybind11::arg("act_mode"), pybind11::arg("config"), pybind11::arg("fmt_max"),
-        pybind11::arg("min_scale"));
+        pybind11::arg("min_scale"), pybind11::arg("splits") = 1);
   m.attr("num_configs") = static_cast<int>(fp8sm90::kNumConfigs);
 }

@@ -147,6 +147,27 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   la.ep.N = g.N;
   la.ep.group_m = raster_group_m();
   la.even_waves = even_waves();
+  const int num_kb = (g.K + kBK - 1) / kBK;
+  la.ep.splits = 1;
+  la.ep.kb_per_split = num_kb;
+  la.ep.split_stride = 0;
+  if (g.splits > 1) {
+    if (!config_splits_k(g.config)) return "split K is not supported by this config (only 1, 2, 3, 7, 10)";
+    if (g.workspace == nullptr) return "split K needs a workspace";
+    // kb_per k-blocks per split, and only as many splits as that leaves non-empty (<= g.splits).
+    la.ep.kb_per_split = (num_kb + g.splits - 1) / g.splits;
+    la.ep.splits = (num_kb + la.ep.kb_per_split - 1) / la.ep.kb_per_split;
+  }
+  const bool split = la.ep.splits > 1;
+  if (split) {
+    // partial sums: scaled, fp32, no bias (added once by splitk_reduce), direct stores at
+    // workspace + split * M * N
+    la.ep.out = g.workspace;
+    la.ep.out_kind = 0;
+    la.ep.bias = nullptr;
+    la.ep.bias_kind = 0;
+    la.ep.split_stride = static_cast<long>(g.M) * g.N;
+  }
 
   const void* ka = swap ? g.b : g.a;
   const void* kb = swap ? g.a : g.b;
@@ -157,7 +178,7 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   if (const char* e = make_map(&la.tma_a, ka, la.rows_a, g.K, kBM)) return e;
   if (const char* e = make_map(&la.tma_b, kb, la.rows_b, g.K, bn / cluster)) return e;
   const int esize = g.out_kind == 0 ? 4 : 2;
-  la.ep.tma_store = (!swap && (static_cast<long>(g.N) * esize) % 16 == 0 &&
+  la.ep.tma_store = (!swap && !split && (static_cast<long>(g.N) * esize) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(g.out) % 16 == 0 && g.force_direct_store == 0)
                         ? 1
                         : 0;
@@ -172,11 +193,13 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
     }
   }
 
-  if (fa == 0 && fb == 0) return launch_fmt<0, 0>(la, stream);
-  if (fa == 0 && fb == 1) return launch_fmt<0, 1>(la, stream);
-  if (fa == 1 && fb == 0) return launch_fmt<1, 0>(la, stream);
-  if (fa == 1 && fb == 1) return launch_fmt<1, 1>(la, stream);
-  return "unknown fp8 format code";
+  const char* err = "unknown fp8 format code";
+  if (fa == 0 && fb == 0) err = launch_fmt<0, 0>(la, stream);
+  else if (fa == 0 && fb == 1) err = launch_fmt<0, 1>(la, stream);
+  else if (fa == 1 && fb == 0) err = launch_fmt<1, 0>(la, stream);
+  else if (fa == 1 && fb == 1) err = launch_fmt<1, 1>(la, stream);
+  if (err != nullptr || !split) return err;
+  return splitk_reduce(g.workspace, la.ep.splits, g.M, g.N, g.bias, g.bias ? g.bias_kind : 0, g.out, g.out_kind, stream);
 }
 
 }  // namespace fp8sm90

@@ -44,9 +44,19 @@ struct GemmArgs {
   int config;        // 0 .. kNumConfigs-1
   int num_sms;       // persistent grid size upper bound
   int force_direct_store;  // 1: never use the TMA-store epilogue (tests of the fallback path)
+  // Split K (kernels/configs.py select_splits): 1 = none; > 1: each output tile is computed as up to
+  // `splits` partial sums over K ranges, written (fp32, scaled) to `workspace`, then summed with the
+  // bias into `out` by splitk_reduce. Configs 1, 2, 3, 7 and 10 only (their SPLIT kernel instances).
+  int splits;
+  float* workspace;  // [splits, M, N] fp32 when splits > 1, else unused
 };
 
 // Launches on `stream`. Returns nullptr on success, else a message naming what failed.
 const char* gemm(const GemmArgs& args, cudaStream_t stream);
+
+// out [M, N] (out_kind as GemmArgs) = sum over s of ws[s] ([splits, M, N] fp32) + bias (bias_kind as
+// GemmArgs; nullptr: none), summed in split order (csrc/splitk_reduce.cu).
+const char* splitk_reduce(const float* ws, int splits, int M, int N, const void* bias, int bias_kind, void* out,
+                          int out_kind, cudaStream_t stream);
 
 }  // namespace fp8sm90

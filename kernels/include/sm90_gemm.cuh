@@ -52,6 +52,11 @@ struct EpiParams {
   int sa_row, sb_row, bias_kind, out_kind;
   int tma_store;  // 1: epilogue through shared memory + TMA store (non-swap, N * esize % 16 == 0)
   int group_m;    // tile raster group height in row-blocks (kGroupM unless overridden, see sm90_host.cu)
+  // Split K (see split_tile): each output tile is computed as `splits` partial sums over consecutive
+  // ranges of kb_per_split k-blocks, each stored (fp32, scaled, no bias) at out + split * split_stride;
+  // the host then sums them (splitk_reduce). splits = 1, kb_per_split = all k-blocks: no split.
+  int splits, kb_per_split;
+  long split_stride;  // elements between two splits' [M, N] partial outputs
 };
 
 // Columns of a BN-wide tile that go through the swizzled TMA-store staging buffer: whole 64-column
@@ -110,6 +115,27 @@ __device__ __forceinline__ void tile_coords(int t, int num_m, int num_n, int gro
   const int r = t - g * per_group;
   mb = first_m + r % gsize;
   nb = r / gsize;
+}
+
+// Work item t of the persistent walk -> output tile and k-block range: with split K each tile is
+// `splits` consecutive work items (t = tile * splits + split), split s covering k-blocks
+// [s * kb_per, min((s + 1) * kb_per, num_kb)). The host picks kb_per so that no range is empty.
+// SPLIT = false (every launch without split K: its own kernel instance, so the split's index
+// arithmetic costs the large-M kernels nothing; measured 1-2% when it did, session 6 run 7): one tile
+// per item, all k-blocks.
+template <bool SPLIT>
+__device__ __forceinline__ void split_tile(int t, const EpiParams& ep, int num_kb, int& tile, int& split, int& kb0,
+                                          int& nkb) {
+  if constexpr (!SPLIT) {
+    tile = t;
+    split = kb0 = 0;
+    nkb = num_kb;
+    return;
+  }
+  tile = t / ep.splits;
+  split = t - tile * ep.splits;
+  kb0 = split * ep.kb_per_split;
+  nkb = min(ep.kb_per_split, num_kb - kb0);
 }
 
 __device__ __forceinline__ float load_bias(const void* p, int kind, int idx) {
@@ -334,7 +360,7 @@ template <int BN, bool SWAP>
 __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiParams& ep, const EpiPrefetch<BN>& pf,
                                          const float* vec, uint8_t* ctile, const CUtensorMap* tma_out,
                                          int row0, int col_base, int lr0, int lane, int tid, int bar_id,
-                                         int tile_row0) {
+                                         int tile_row0, long out_off = 0) {
   if constexpr (!SWAP) {
     const float* vs = vec;
     const float* vb = vec + BN;
@@ -436,7 +462,7 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
       for (int i = 0; i < 2; ++i) {
         const int r = row0 + 8 * i;
         if (r >= ep.M) continue;
-        const long idx = static_cast<long>(r) * ep.N + c;
+        const long idx = static_cast<long>(r) * ep.N + c + out_off;
         const auto [v0, v1] = epi_pair<BN>(acc, pf, j, i, s0, s1, b0, b1);
         if (pair_ok) {  // c is even, so idx is even: 2-element vector store is aligned
           store_two(ep.out, ep.out_kind, idx, v0, v1);
@@ -460,7 +486,7 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
         for (int i = 0; i < 2; ++i) {
           const int n = row0 + 8 * i;
           if (n >= ep.N) continue;
-          const long idx = static_cast<long>(m) * ep.N + n;
+          const long idx = static_cast<long>(m) * ep.N + n + out_off;
           store_one(ep.out, ep.out_kind, idx, acc[4 * j + 2 * i + e] * (pf.row_scale[i] * sm) + pf.row_bias[i]);
         }
       }
@@ -607,18 +633,19 @@ __device__ __forceinline__ void init_stage_barriers(const CUtensorMap* tma_a, co
 
 // The producer thread: for every tile of this CTA, every k-block: wait until the stage is empty, then
 // load A (128 rows) and B (BN rows; with clusters half of it, multicast) into it, completing on full[].
-template <int BN, int CL, int S, int kStageA, int kStageB, int kStage>
+template <int BN, int CL, int S, int kStageA, int kStageB, int kStage, bool SPLIT = false>
 __device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CUtensorMap* tma_b, uint8_t* sA,
                                               uint8_t* sB, uint64_t* full, uint64_t* empty, int first_tile,
                                               int num_tiles, int tile_step, int num_mp, int num_n, int num_kb,
-                                              uint32_t rank, int group_m) {
+                                              uint32_t rank, int group_m, const EpiParams& ep) {
   int stage = 0;
   uint32_t phase = 0;
   for (int t = first_tile; t < num_tiles; t += tile_step) {
-    int mb, nb;
-    tile_coords(t, num_mp, num_n, group_m, mb, nb);
+    int tile, split, kb0, nkb, mb, nb;
+    split_tile<SPLIT>(t, ep, num_kb, tile, split, kb0, nkb);
+    tile_coords(tile, num_mp, num_n, group_m, mb, nb);
     mb = mb * CL + rank;
-    for (int kb = 0; kb < num_kb; ++kb) {
+    for (int kb = kb0; kb < kb0 + nkb; ++kb) {
       mbar_wait(&empty[stage], phase ^ 1);
       mbar_arrive_expect_tx(&full[stage], kStage);  // OOB parts are zero-filled and still counted
       tma_load_2d(sA + stage * kStageA, tma_a, &full[stage], kb * kBK, mb * kBM);
@@ -644,14 +671,15 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CU
 template <int BN, bool SWAP>
 __device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const EpiParams& ep, const EpiPrefetch<BN>& pf,
                                             float* vec, uint8_t* ctile, const CUtensorMap* tma_out, int row0,
-                                            int col_base, int lr0, int lane, int tid, int bar_id, int tile_row0) {
+                                            int col_base, int lr0, int lane, int tid, int bar_id, int tile_row0,
+                                            long out_off = 0) {
   if (!SWAP && tid == 0) bulk_wait_read0();
   named_bar_sync(bar_id, 128);
   const EpiMode mode = SWAP ? EpiMode::kGeneral : epi_mode(ep);
   epi_publish_cols<BN>(vec, pf, tid, mode == EpiMode::kFolded,
                        mode == EpiMode::kFolded || mode == EpiMode::kColScale);
   named_bar_sync(bar_id, 128);
-  epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
+  epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0, out_off);
 }
 
 // CARRY (configs 12, 13; measured in session 5: no faster than 7 / 10, not selected): config 7's / 10's two accumulators, with
@@ -761,7 +789,7 @@ __device__ __forceinline__ void consumer_carry(const uint8_t* sA, const uint8_t*
   wgmma_wait<0>();  // the dummy k-block (its stage is not released: the producer has finished)
 }
 
-template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL, bool CARRY = false>
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL, bool CARRY = false, bool SPLIT = false>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const __grid_constant__ CUtensorMap tma_out, int rows_a, int rows_b, int K,
@@ -785,7 +813,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int num_mp = (num_m + CL - 1) / CL;
   const int num_n = (rows_b + BN - 1) / BN;
   const int num_kb = (K + kBK - 1) / kBK;
-  const int num_tiles = num_mp * num_n;
+  static_assert(!SPLIT || (CL == 1 && !CARRY), "split K: single-CTA configs without the carried schedule");
+  const int num_tiles = num_mp * num_n * (SPLIT ? ep.splits : 1);  // work items: tiles x K splits
   const int wg = threadIdx.x / 128;
   const uint32_t rank = CL > 1 ? cluster_ctarank() : 0;
   const int first_tile = blockIdx.x / CL;
@@ -799,9 +828,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<RegSplit<BN, DBL>::kProducer>();
     if (threadIdx.x == 0) {
-      producer_loop<BN, CL, S, C::kStageA, C::kStageB, C::kStage>(&tma_a, &tma_b, sA, sB, full, empty, first_tile,
+      producer_loop<BN, CL, S, C::kStageA, C::kStageB, C::kStage, SPLIT>(&tma_a, &tma_b, sA, sB, full, empty, first_tile,
                                                                   num_tiles, tile_step, num_mp, num_n, num_kb, rank,
-                                                                  ep.group_m);
+                                                                  ep.group_m, ep);
     }
   } else {
     // ------------------------------------------------------------ consumers
@@ -822,8 +851,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                             num_n, num_kb, cw, tid, warp, lane, bar_id);
     } else
     for (int t = first_tile; t < num_tiles; t += tile_step) {
-      int mb, nb;
-      tile_coords(t, num_mp, num_n, ep.group_m, mb, nb);
+      int tile, split, kb0, nkb, mb, nb;
+      split_tile<SPLIT>(t, ep, num_kb, tile, split, kb0, nkb);
+      tile_coords(tile, num_mp, num_n, ep.group_m, mb, nb);
       mb = mb * CL + rank;
       const int lr0 = warp * 16 + lane / 4;  // local row inside the warpgroup's 64 rows
       const int tile_row0 = mb * kBM + cw * 64;
@@ -838,10 +868,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (DBL) {
         static_assert(NACC == 1, "DBL keeps one accumulator per k-block");
         mainloop_double<BN, CL, FA, FB, S, C::kStageA, C::kStageB>(fin, sA + cw * 64 * kBK, sB, full, empty, stage,
-                                                                  phase, num_kb, lane);
+                                                                  phase, nkb, lane);
       } else {
         float acc[NACC][BN / 2];
-        for (int kb = 0; kb < num_kb; ++kb) {
+        for (int kb = 0; kb < nkb; ++kb) {
           mbar_wait(&full[stage], phase);
           issue_kblock<BN, NACC, FA, FB>(acc, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
           wgmma_wait<0>();
@@ -854,7 +884,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
 
-      finish_tile<BN, SWAP>(fin, ep, pf, vec, ctile, &tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
+      finish_tile<BN, SWAP>(fin, ep, pf, vec, ctile, &tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0,
+                            SPLIT ? split * ep.split_stride : 0);
     }
     if (!SWAP && tid == 0) bulk_wait0();
   }
@@ -1054,7 +1085,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       producer_loop<BN, 1, S, C::kStageA, C::kStageB, C::kStage>(&tma_a, &tma_b, L.sA, L.sB, L.full, L.empty,
                                                                  blockIdx.x, num_tiles, gridDim.x, num_m, num_n,
-                                                                 num_kb, 0, ep.group_m);
+                                                                 num_kb, 0, ep.group_m, ep);
     }
   } else {
     setmaxnreg_inc<232>();
@@ -1074,18 +1105,18 @@ struct LaunchArgs {
 
 // The kernel of a config: OVL selects the cross-tile pipelined consumers (config 9), which exist only for
 // the non-swapped, single-CTA, two-accumulator case.
-template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL, bool OVL, bool CARRY>
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL, bool OVL, bool CARRY, bool SPLIT>
 constexpr auto kernel_of() {
   if constexpr (OVL) {
     static_assert(!SWAP && NACC == 1 && CL == 1 && DBL && !CARRY, "OVL is config 7's layout with the pipeline across tiles");
     return &fp8_gemm_sm90_overlap_kernel<BN, FA, FB>;
   } else {
-    return &fp8_gemm_sm90_kernel<BN, SWAP, NACC, CL, FA, FB, DBL, CARRY>;
+    return &fp8_gemm_sm90_kernel<BN, SWAP, NACC, CL, FA, FB, DBL, CARRY, SPLIT>;
   }
 }
 
 template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL = false, bool OVL = false,
-          bool CARRY = false>
+          bool CARRY = false, bool SPLIT = false>
 const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
   using C = TileCfg<BN, SWAP>;
   if constexpr (OVL) {
@@ -1098,7 +1129,7 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
     // k-blocks per tile only; otherwise the base config's kernel (the same numbers, bit for bit).
     if (((la.K + kBK - 1) / kBK) % 2 != 0) return launch_one<BN, SWAP, NACC, CL, FA, FB, DBL, false, false>(la, stream);
   }
-  auto kernel = kernel_of<BN, SWAP, NACC, CL, FA, FB, DBL, OVL, CARRY>();
+  auto kernel = kernel_of<BN, SWAP, NACC, CL, FA, FB, DBL, OVL, CARRY, SPLIT>();
   // Once per instance and device (not on every launch: later calls, CUDA graph capture included, see
   // only the launch).
   static std::atomic<uint64_t> done_mask{0};
@@ -1142,7 +1173,7 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
     done_mask.fetch_or(bit, std::memory_order_acq_rel);
   }
   const int num_m = (la.rows_a + kBM - 1) / kBM;
-  const int tiles = ((num_m + CL - 1) / CL) * ((la.rows_b + BN - 1) / BN);
+  const int tiles = ((num_m + CL - 1) / CL) * ((la.rows_b + BN - 1) / BN) * (SPLIT ? la.ep.splits : 1);
   const int maxc = max_clusters[dev & 63].load(std::memory_order_relaxed);
   int clusters = tiles < maxc ? tiles : maxc;
   if (la.even_waves && clusters > 0) {
@@ -1159,18 +1190,25 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
 // Config table: see sm90_api.h / kernels/configs.py.
 template <int FA, int FB>
 const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
+  // split K (ep.splits > 1; the host allows it only for config_splits_k): the SPLIT kernel instances
+  const bool split = la.ep.splits > 1;
   switch (la.config) {
     case 0: return launch_one<128, false, 1, 1, FA, FB>(la, stream);
-    case 1: return launch_one<16, true, 4, 1, FA, FB>(la, stream);
-    case 2: return launch_one<32, true, 4, 1, FA, FB>(la, stream);
-    case 3: return launch_one<64, true, 4, 1, FA, FB>(la, stream);
+    case 1: return split ? launch_one<16, true, 4, 1, FA, FB, false, false, false, true>(la, stream)
+                         : launch_one<16, true, 4, 1, FA, FB>(la, stream);
+    case 2: return split ? launch_one<32, true, 4, 1, FA, FB, false, false, false, true>(la, stream)
+                         : launch_one<32, true, 4, 1, FA, FB>(la, stream);
+    case 3: return split ? launch_one<64, true, 4, 1, FA, FB, false, false, false, true>(la, stream)
+                         : launch_one<64, true, 4, 1, FA, FB>(la, stream);
     case 4: return launch_one<128, false, 2, 1, FA, FB>(la, stream);
     case 5: return launch_one<128, false, 1, 2, FA, FB>(la, stream);
     case 6: return launch_one<192, false, 1, 1, FA, FB>(la, stream);
-    case 7: return launch_one<128, false, 1, 1, FA, FB, true>(la, stream);
+    case 7: return split ? launch_one<128, false, 1, 1, FA, FB, true, false, false, true>(la, stream)
+                         : launch_one<128, false, 1, 1, FA, FB, true>(la, stream);
     case 8: return launch_one<128, false, 1, 2, FA, FB, true>(la, stream);
     case 9: return launch_one<128, false, 1, 1, FA, FB, true, true>(la, stream);
-    case 10: return launch_one<144, false, 1, 1, FA, FB, true>(la, stream);
+    case 10: return split ? launch_one<144, false, 1, 1, FA, FB, true, false, false, true>(la, stream)
+                          : launch_one<144, false, 1, 1, FA, FB, true>(la, stream);
     case 11: return launch_one<144, false, 1, 2, FA, FB, true>(la, stream);
     case 12: return launch_one<128, false, 1, 1, FA, FB, true, false, true>(la, stream);
     case 13: return launch_one<144, false, 1, 1, FA, FB, true, false, true>(la, stream);
@@ -1179,6 +1217,13 @@ const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
 }
 
 // Tile width and operand order of each config (host side).
+// Configs with split-K kernel instances (kernels/configs.py: KernelConfig.split_k).
+inline bool config_splits_k(int config) {
+  static const bool kSplitK[kNumConfigs] = {false, true, true, true, false, false, false,
+                                            true, false, false, true, false, false, false};
+  return kSplitK[config];
+}
+
 inline void config_shape(int config, int& bn, bool& swap, int& cluster) {
   static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192, 128, 128, 128, 144, 144, 128, 144};
   static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false,

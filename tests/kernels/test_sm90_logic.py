@@ -150,9 +150,13 @@ def test_config_table_matches_header():
         tail = ", true" if c.double_acc else ""
         if c.overlap or c.carry:
             tail += f", {str(c.overlap).lower()}" + (", true" if c.carry else "")
-        line = (f"case {c.id}: return launch_one<{c.block_n}, {str(c.swap_ab).lower()}, {c.n_acc}, {c.cluster}, "
-                f"FA, FB{tail}>")
-        assert line in src, line
+        head = f"launch_one<{c.block_n}, {str(c.swap_ab).lower()}, {c.n_acc}, {c.cluster}, FA, FB"
+        start = src.index(f"case {c.id}: return ")
+        case = src[start:src.index(";", start)]  # this config's line(s) of launch_fmt
+        assert f"{head}{tail}>(la" in case, case
+        # configs with split-K instances launch the SPLIT one when the host split K, and only they do
+        split_line = f"{head}, {str(c.double_acc).lower()}, false, false, true>(la"
+        assert (split_line in case) == c.split_k, case
 
 
 @pytest.mark.parametrize("flag, ids", [("overlap", [9]), ("carry", [12, 13])])
@@ -200,6 +204,62 @@ def test_tiles():
 
 
 # ---------------------------------------------------------------- cache key / folder
+# ---------------------------------------------------------------- split K
+def test_split_count_leaves_no_empty_range():
+    """The host's rule (sm90_host.cu): ceil(num_kb / splits) k-blocks per split, and only the splits
+    that leaves non-empty; every k-block is covered exactly once."""
+    for num_kb in range(1, 140):
+        for want in range(1, 65):
+            s = configs.split_count(num_kb, want)
+            per = -(-num_kb // want) if want > 1 else num_kb
+            assert 1 <= s <= max(1, min(want, num_kb))
+            if s > 1:
+                assert (s - 1) * per < num_kb <= s * per  # the last range is non-empty and reaches the end
+
+
+@pytest.mark.parametrize("m, n, k, want", [
+    (64, 4096, 14336, 4),    # 32 tiles, 112 k-blocks -> 4 splits of 28
+    (1, 4096, 14336, 4),
+    (128, 4096, 14336, 4),   # config 7 / 10: 29-32 tiles
+    (1, 4096, 4096, 1),      # 32 k-blocks: a split would keep fewer than MIN_KB_PER_SPLIT
+    (64, 8192, 28672, 1),    # 64 tiles: more than a quarter of the SMs busy already
+    (64, 28672, 4096, 1),
+    (2048, 4096, 4096, 1),
+    (16, 256, 16384, 5),     # 2 tiles, 128 k-blocks: 5 splits of >= 24
+])
+def test_select_splits(m, n, k, want, monkeypatch):
+    monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
+    monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
+    cfg = configs.select_config(m, n, k)
+    assert configs.select_splits(cfg, m, n, k) == want
+
+
+def test_select_splits_only_for_configs_with_split_instances(monkeypatch):
+    monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
+    assert [c.id for c in configs.CONFIGS if c.split_k] == [1, 2, 3, 7, 10]
+    for c in configs.CONFIGS:
+        assert not (c.split_k and (c.cluster > 1 or c.overlap or c.carry))
+        if not c.split_k:
+            assert configs.select_splits(c, 64, 256, 16384) == 1
+            monkeypatch.setenv(configs.ENV_SPLITS, "8")
+            assert configs.select_splits(c, 64, 256, 16384) == 1
+            monkeypatch.delenv(configs.ENV_SPLITS)
+
+
+def test_select_splits_env_override(monkeypatch):
+    cfg = configs.CONFIGS[3]
+    monkeypatch.setenv(configs.ENV_SPLITS, "1")
+    assert configs.select_splits(cfg, 64, 4096, 14336) == 1
+    monkeypatch.setenv(configs.ENV_SPLITS, "5")
+    assert configs.select_splits(cfg, 64, 4096, 14336) == 5  # 112 k-blocks: 5 ranges of 23
+    monkeypatch.setenv(configs.ENV_SPLITS, "8")
+    assert configs.select_splits(cfg, 2048, 4096, 4096) == 8  # forced even where auto would not split
+    for bad in ("0", "65", "two"):
+        monkeypatch.setenv(configs.ENV_SPLITS, bad)
+        with pytest.raises(ValueError, match=configs.ENV_SPLITS):
+            configs.select_splits(cfg, 64, 4096, 14336)
+
+
 def test_cache_key_depends_on_sources_flags_nvcc(tmp_path):
     f1 = tmp_path / "a.cu"
     f1.write_text("x")
