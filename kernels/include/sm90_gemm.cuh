@@ -302,7 +302,7 @@ __device__ __forceinline__ void epi_values(const float (&acc)[BN / 2], const Epi
 // matrices (j0, 0), (j0, 1), (j0 + 1, 0), (j0 + 1, 1), lane l giving the address of row l % 8 of
 // matrix l / 8 (one 16-byte chunk, swizzled: chunk index XOR row % 8). The values come from epi_values
 // (column scales and biases from the shared vectors as MODE needs them).
-template <int BN, bool BF16, EpiMode MODE>
+template <int BN, bool BF16, EpiMode MODE, bool PACK_FIRST>
 __device__ __forceinline__ void stage_tile_16bit(const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf,
                                                  const float* vs, const float* vb, uint8_t* ctile, uint8_t* strip,
                                                  int lane, int warp) {
@@ -312,43 +312,56 @@ __device__ __forceinline__ void stage_tile_16bit(const float (&acc)[BN / 2], con
   // kUniform: the factor of each of the thread's two rows, row scale x the per-tensor column scale
   const float k0 = pf.row_scale[0] * pf.col_scale[0], k1 = pf.row_scale[1] * pf.col_scale[0];
   static_assert(BN % 16 == 0, "the epilogue takes the columns in pairs of 8-column fragments");
-  if constexpr (staged_cols<BN>() < BN) {
-    constexpr int kW = BN % 64;
-    const int lr0 = warp * 16 + lane / 4;
-#pragma unroll
-    for (int j0 = staged_cols<BN>() / 8; j0 < BN / 8; j0 += 2) {
-      float2 v[4];
-      epi_values<BN, MODE>(acc, pf, vs, vb, j0, lc, k0, k1, v);
+  // With column vectors to read (every mode but kUniform), every value is computed and packed before
+  // the first shared-memory store: a load from the shared vectors may not move below a store that
+  // could alias it, so with the stores interleaved each load's latency was exposed once per 16 columns
+  // (ncu, session 7 run 2: the per-channel launch's FFMAs waiting on short_sb at 6144^2 x 1280). The
+  // packed tile takes half the accumulator's registers. kUniform loads nothing and keeps the
+  // interleaved order (its code is unchanged), and so does config 9 (PACK_FIRST false: it keeps the
+  // next tile's k-blocks in flight here, and the packed tile spilled 52 bytes).
+  constexpr bool kPackFirst = PACK_FIRST && MODE != EpiMode::kUniform;
+  constexpr int kStrip = (BN - staged_cols<BN>()) / 16;  // pairs of 8-column fragments in the strip
+  constexpr int kStaged = staged_cols<BN>() / 16;
+  uint32_t packed[kStrip + kStaged][4];  // [strip pairs..., staged pairs...]
+  auto store_pair = [&](int p) {
+    if (p < kStrip) {  // the strip: row-major, pitch (BN % 64) x 2 bytes, plain 32-bit stores
+      constexpr int kW = BN % 64;
+      const int lr0 = warp * 16 + lane / 4;
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const int c = 8 * (j0 + q / 2) + lc;
-        *reinterpret_cast<uint32_t*>(strip + (lr0 + 8 * (q % 2)) * kW * 2 + (c - staged_cols<BN>()) * 2) =
-            pack_16bit<BF16>(v[q].x, v[q].y);
+        const int cs = 16 * p + 8 * (q / 2) + lc;  // column within the strip
+        *reinterpret_cast<uint32_t*>(strip + (lr0 + 8 * (q % 2)) * kW * 2 + cs * 2) = packed[p][q];
       }
+    } else {  // the staged columns, one stmatrix.x4
+      const int col8 = 2 * (p - kStrip) + q_l / 2;  // 16-byte chunk of 8 columns
+      uint8_t* dst = ctile + (col8 / 8) * (64 * 128) + row_l * 128 + (((col8 % 8) ^ (row_l & 7)) << 4);
+      stmatrix_x4(dst, packed[p][0], packed[p][1], packed[p][2], packed[p][3]);
     }
-  }
+  };
 #pragma unroll
-  for (int j0 = 0; j0 < staged_cols<BN>() / 8; j0 += 2) {  // the staged columns
-    uint32_t r[4];
+  for (int p = 0; p < kStrip + kStaged; ++p) {
+    const int j0 = p < kStrip ? staged_cols<BN>() / 8 + 2 * p : 2 * (p - kStrip);
     float2 v[4];
     epi_values<BN, MODE>(acc, pf, vs, vb, j0, lc, k0, k1, v);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) r[q] = pack_16bit<BF16>(v[q].x, v[q].y);
-    const int col8 = j0 + q_l / 2;  // 16-byte chunk of 8 columns
-    uint8_t* dst = ctile + (col8 / 8) * (64 * 128) + row_l * 128 + (((col8 % 8) ^ (row_l & 7)) << 4);
-    stmatrix_x4(dst, r[0], r[1], r[2], r[3]);
+    for (int q = 0; q < 4; ++q) packed[p][q] = pack_16bit<BF16>(v[q].x, v[q].y);
+    if constexpr (!kPackFirst) store_pair(p);
+  }
+  if constexpr (kPackFirst) {
+#pragma unroll
+    for (int p = 0; p < kStrip + kStaged; ++p) store_pair(p);
   }
 }
 
-template <int BN, bool BF16>
+template <int BN, bool BF16, bool PACK_FIRST>
 __device__ __forceinline__ void stage_16bit_mode(EpiMode mode, const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf,
                                                  const float* vs, const float* vb, uint8_t* ctile, uint8_t* strip,
                                                  int lane, int warp) {
   switch (mode) {
-    case EpiMode::kUniform: stage_tile_16bit<BN, BF16, EpiMode::kUniform>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
-    case EpiMode::kFolded: stage_tile_16bit<BN, BF16, EpiMode::kFolded>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
-    case EpiMode::kColScale: stage_tile_16bit<BN, BF16, EpiMode::kColScale>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
-    default: stage_tile_16bit<BN, BF16, EpiMode::kGeneral>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
+    case EpiMode::kUniform: stage_tile_16bit<BN, BF16, EpiMode::kUniform, PACK_FIRST>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
+    case EpiMode::kFolded: stage_tile_16bit<BN, BF16, EpiMode::kFolded, PACK_FIRST>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
+    case EpiMode::kColScale: stage_tile_16bit<BN, BF16, EpiMode::kColScale, PACK_FIRST>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
+    default: stage_tile_16bit<BN, BF16, EpiMode::kGeneral, PACK_FIRST>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
   }
 }
 
@@ -356,7 +369,7 @@ __device__ __forceinline__ void stage_16bit_mode(EpiMode mode, const float (&acc
 // row = 16*warp + lane/4 + 8*i, col = 8*j + 2*(lane%4) + e  (of the warpgroup's 64 x BN block).
 // vec: this warpgroup's shared column vectors, [0, BN) scale, [BN, 2BN) bias.
 // ctile: this warpgroup's 64 x BN output staging buffer (TMA store path).
-template <int BN, bool SWAP>
+template <int BN, bool SWAP, bool PACK_FIRST = true>
 __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiParams& ep, const EpiPrefetch<BN>& pf,
                                          const float* vec, uint8_t* ctile, const CUtensorMap* tma_out,
                                          int row0, int col_base, int lr0, int lane, int tid, int bar_id,
@@ -432,8 +445,8 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
         constexpr int W = 64;  // 16-bit elements per 128-byte swizzle row
         const EpiMode mode = epi_mode(ep);
         const int w = tid / 32;
-        if (ep.out_kind == 1) stage_16bit_mode<BN, true>(mode, acc, pf, vs, vb, ctile, strip, lane, w);
-        else stage_16bit_mode<BN, false>(mode, acc, pf, vs, vb, ctile, strip, lane, w);
+        if (ep.out_kind == 1) stage_16bit_mode<BN, true, PACK_FIRST>(mode, acc, pf, vs, vb, ctile, strip, lane, w);
+        else stage_16bit_mode<BN, false, PACK_FIRST>(mode, acc, pf, vs, vb, ctile, strip, lane, w);
         fence_proxy_async();  // generic-proxy smem writes -> visible to the TMA engine
         named_bar_sync(bar_id, 128);
         if (tid == 0 && tile_row0 < ep.M) {
@@ -668,7 +681,7 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CU
 // (bulk_wait_read0) and every thread passed barrier bar_id (the warpgroup's own named barrier, 128
 // threads: nobody still reads vec / ctile of the previous tile), publish this tile's column
 // scales/bias to vec, barrier again (vec complete), then the epilogue.
-template <int BN, bool SWAP>
+template <int BN, bool SWAP, bool PACK_FIRST = true>
 __device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const EpiParams& ep, const EpiPrefetch<BN>& pf,
                                             float* vec, uint8_t* ctile, const CUtensorMap* tma_out, int row0,
                                             int col_base, int lr0, int lane, int tid, int bar_id, int tile_row0,
@@ -679,7 +692,8 @@ __device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const Ep
   epi_publish_cols<BN>(vec, pf, tid, mode == EpiMode::kFolded,
                        mode == EpiMode::kFolded || mode == EpiMode::kColScale);
   named_bar_sync(bar_id, 128);
-  epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0, out_off);
+  epilogue<BN, SWAP, PACK_FIRST>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0,
+                                 out_off);
 }
 
 // CARRY (configs 12, 13; measured in session 5: no faster than 7 / 10, not selected): config 7's / 10's two accumulators, with
@@ -997,7 +1011,7 @@ __device__ __forceinline__ void consumer_stream(const SmemLayout<BN, false>& L, 
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tx));
     const int tid_t = static_cast<int>(tx) % kWgThreads, lane_t = tid_t % 32;
     const int lr0_t = (tid_t / 32) * 16 + lane_t / 4;
-    finish_tile<BN, false>(fin, ep, pf, vec_t, ctile_t, tma_out, tile_row0 + lr0_t, col_base, lr0_t, lane_t, tid_t,
+    finish_tile<BN, false, false>(fin, ep, pf, vec_t, ctile_t, tma_out, tile_row0 + lr0_t, col_base, lr0_t, lane_t, tid_t,
                            static_cast<int>(tx) / kWgThreads /* = 1 + cw: this warpgroup's named barrier */,
                            tile_row0);
   };
