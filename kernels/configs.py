@@ -83,8 +83,10 @@ SPLIT_MAX_BUSY_FRACTION = 0.25
 #: k-blocks per tile, or half the SMs already busy, the partials' round trip and the second launch
 #: (1-6 us) cost more than the extra SMs give.
 MIN_KB_PER_SPLIT = 24
-#: Upper bound of the split factor (the binding refuses more than 64).
+#: Upper bound of the split factor that select_splits picks by itself...
 MAX_SPLITS = 16
+#: ...and of any split factor, FP8_LINEAR_SM90_SPLITS included (the binding refuses more).
+BINDING_MAX_SPLITS = 64
 
 
 def tiles(config: KernelConfig, m: int, n: int) -> int:
@@ -104,6 +106,21 @@ def estimated_cost(config: KernelConfig, m: int, n: int, rel_throughput: float, 
     return waves * BLOCK_M * config.block_n * (num_kb + tile_overhead_kb) / rel_throughput
 
 
+def _env_int(name: str, lo: int, hi: int, what: str) -> int | None:
+    """The integer in environment variable ``name`` (None when unset or empty); ValueError unless it
+    parses as an integer in [lo, hi]."""
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        value = int(raw)
+    except ValueError as e:
+        raise ValueError(f"{name}={raw!r}: expected {what}") from e
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}={raw!r}: expected {lo}..{hi}")
+    return value
+
+
 def select_config(m: int, n: int, k: int, num_sms: int = 132) -> KernelConfig:
     """Pick a config for an ``[m, k] x [n, k]`` problem.
 
@@ -114,14 +131,8 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132) -> KernelConfig:
     """
     if m <= 0 or n <= 0 or k <= 0:
         raise ValueError(f"select_config: empty problem m={m}, n={n}, k={k}")
-    forced = os.environ.get(ENV_CONFIG)
-    if forced not in (None, ""):
-        try:
-            idx = int(forced)
-        except ValueError as e:
-            raise ValueError(f"{ENV_CONFIG}={forced!r}: expected an integer config id") from e
-        if not 0 <= idx < len(CONFIGS):
-            raise ValueError(f"{ENV_CONFIG}={forced!r}: expected 0..{len(CONFIGS) - 1}")
+    idx = _env_int(ENV_CONFIG, 0, len(CONFIGS) - 1, "an integer config id")
+    if idx is not None:
         return CONFIGS[idx]
     if m <= 16:
         return CONFIGS[1]
@@ -160,14 +171,8 @@ def select_splits(config: KernelConfig, m: int, n: int, k: int, num_sms: int = 1
     if not config.split_k:
         return 1
     num_kb = -(-k // BLOCK_K)
-    forced = os.environ.get(ENV_SPLITS)
-    if forced not in (None, ""):
-        try:
-            want = int(forced)
-        except ValueError as e:
-            raise ValueError(f"{ENV_SPLITS}={forced!r}: expected an integer >= 1") from e
-        if not 1 <= want <= 64:
-            raise ValueError(f"{ENV_SPLITS}={forced!r}: expected 1..64")
+    want = _env_int(ENV_SPLITS, 1, BINDING_MAX_SPLITS, "an integer >= 1")
+    if want is not None:
         return split_count(num_kb, want)
     t = tiles(config, m, n)
     if t > num_sms * SPLIT_MAX_BUSY_FRACTION:
