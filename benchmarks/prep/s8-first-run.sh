@@ -5,6 +5,8 @@
 #   rm -rf out/s8 && mkdir -p out/s8/old && git archive HEAD kernels | tar -x -C out/s8/old   # main's kernels, for the A/B
 #   git apply benchmarks/prep/s8-tile-start.patch
 # Then: run(command="bash benchmarks/prep/s8-first-run.sh", carry=["out/s8"])   -- logs in $OUT
+# If the A/B loses, benchmarks/prep/s8-fastdiv-only.patch is the first of the two changes alone (the
+# FastDiv tile walk, without moving the prefetch), to tell them apart.
 set -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 FP8_LINEAR_CACHE=$PWD/.fp8_cache PYTHONPATH=$PWD
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
