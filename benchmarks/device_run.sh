@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: build, SASS check, tests, sanitizers, benchmark. Stages chosen by args:
-#   benchmarks/device_run.sh build tests quickbench bench steady energy raster host sanitize
+#   benchmarks/device_run.sh build tests quickbench bench steady energy raster host sanitize ab
 # Logs go to $OUT (or ./out).
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -98,6 +98,23 @@ jit=importlib.import_module(kernels_module().__name__+'.jit'); t=time.perf_count
       ;;
     sanitize)
       timeout 400 benchmarks/sanitize.sh 2>&1 | tee "$OUT/sanitize.txt"
+      ;;
+    ab)
+      # two kernel sources in one session: the working tree's kernels/ ("new") against AB_OLD (a copy of
+      # another kernels/ folder, e.g. `git archive HEAD kernels`), steady_bench --set five in the order
+      # new/old/new/old (AB_ORDER), tables appended to $OUT/ab.txt (text only: the device returns at most
+      # 8 files); kernels/ is the new one again afterwards
+      [ -d "${AB_OLD:-}" ] || { echo "ab: AB_OLD=$AB_OLD is not a folder"; exit 1; }
+      rm -rf /tmp/ab_new_kernels && cp -r kernels /tmp/ab_new_kernels
+      for v in ${AB_ORDER:-new old new old}; do
+        rm -rf kernels && if [ "$v" = old ]; then cp -r "$AB_OLD" kernels; else cp -r /tmp/ab_new_kernels kernels; fi
+        python3 -c "import importlib; from fp8_linear.backends.sm90 import kernels_module; importlib.import_module(kernels_module().__name__ + '.jit').load()" > /dev/null 2>&1 \
+          || { echo "ab: the $v kernels did not build"; break; }
+        echo "=== $v $(date +%T)" | tee -a "$OUT/ab.txt"
+        timeout 60 python3 -P benchmarks/steady_bench.py --set five --warm 2 --burn 0.4 --rep 300 --rounds 2 2>&1 \
+          | tail -n 7 | tee -a "$OUT/ab.txt"
+      done
+      rm -rf kernels && cp -r /tmp/ab_new_kernels kernels
       ;;
   esac
 done

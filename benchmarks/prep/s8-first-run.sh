@@ -25,18 +25,7 @@ NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 timeout 50 $NCU --clock-control none --kernel-name regex:fp8_gemm_sm90 --launch-skip 2 --launch-count 1 --section SpeedOfLight \
   python3 -P benchmarks/profile_one.py --config 7 --shape 6144 6144 1280 > $OUT/ncu-t.txt 2>&1
 echo "ncu (session 7 run 3: 88.22 us): $(grep -E 'Duration|SM Frequency' $OUT/ncu-t.txt | tr -s ' ' | tr '\n' ';')"
-cp -r kernels /tmp/new_kernels
-use() {  # use old|new
-  rm -rf kernels && if [ $1 = old ]; then cp -r out/s8/old/kernels kernels; else cp -r /tmp/new_kernels kernels; fi
-  python3 -c "from fp8_linear.backends.sm90 import kernels_module; import importlib; k=kernels_module(); importlib.import_module(k.__name__+'.jit').load(); print('$1 loaded')" 2>&1 | tail -1
-}
-for v in new old new old; do
-  use $v
-  echo "=== $v at $(el) s" | tee -a $OUT/ab.txt
-  # text only: the device returns at most 8 files from $OUT (session 7 run 4 lost its steady.json)
-  timeout 60 python3 -P benchmarks/steady_bench.py --set five --warm 2 --burn 0.4 --rep 300 --rounds 2 2>&1 | tail -7 | tee -a $OUT/ab.txt
-done
-use new > /dev/null
+AB_OLD=out/s8/old/kernels OUT=$OUT benchmarks/device_run.sh ab 2>&1 | grep -vE "^=====" | tail -40
 echo "=== steady judged new at $(el) s"
 timeout $(( 585 - $(el) )) python3 -P benchmarks/steady_bench.py --set judged --per-channel --warm 3 --burn 0.4 --rep 300 --rounds 2 \
   --json $OUT/steady.json 2>&1 | tee $OUT/steady.txt | tail -32
