@@ -173,6 +173,15 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   const void* kb = swap ? g.a : g.b;
   la.rows_a = swap ? g.N : g.M;
   la.rows_b = swap ? g.M : g.N;
+  {  // the tile walk's divisors (tile_coords, split_tile), as in the kernels: num_m in pair-rows on clusters
+    const int num_mp = ((la.rows_a + kBM - 1) / kBM + cluster - 1) / cluster;
+    const int num_n = (la.rows_b + bn - 1) / bn;
+    const int gm = la.ep.group_m;
+    la.ep.div_per_group = make_fast_div(gm * num_n);
+    la.ep.div_group = make_fast_div(gm);
+    la.ep.div_last = make_fast_div(num_mp % gm == 0 ? gm : num_mp % gm);
+    la.ep.div_splits = make_fast_div(la.ep.splits);
+  }
   const int fa = swap ? g.fmt_b : g.fmt_a;
   const int fb = swap ? g.fmt_a : g.fmt_b;
   if (const char* e = make_map(&la.tma_a, ka, la.rows_a, g.K, kBM)) return e;

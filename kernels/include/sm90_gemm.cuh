@@ -24,6 +24,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "fast_div.h"
 #include "sm90_api.h"
 #include "sm90_ptx.cuh"
 #include "sm90_wgmma.cuh"
@@ -57,6 +58,10 @@ struct EpiParams {
   // the host then sums them (splitk_reduce). splits = 1, kb_per_split = all k-blocks: no split.
   int splits, kb_per_split;
   long split_stride;  // elements between two splits' [M, N] partial outputs
+  // The tile walk's divisors as host-made FastDiv constants (tile_coords, split_tile): group_m x
+  // num_n tiles per raster group, group_m, the last group's height (num_m % group_m, or group_m),
+  // and splits. num_m counts pair-rows with clusters.
+  FastDiv div_per_group, div_group, div_last, div_splits;
 };
 
 // Columns of a BN-wide tile that go through the swizzled TMA-store staging buffer: whole 64-column
@@ -107,14 +112,20 @@ struct RegSplit {
   static_assert(128 * kProducer + 256 * kConsumer <= 65536, "register file");
 };
 
-__device__ __forceinline__ void tile_coords(int t, int num_m, int num_n, int group_m, int& mb, int& nb) {
-  const int per_group = group_m * num_n;
-  const int g = t / per_group;
-  const int first_m = g * group_m;
-  const int gsize = min(group_m, num_m - first_m);
-  const int r = t - g * per_group;
-  mb = first_m + r % gsize;
-  nb = r / gsize;
+// Tile t -> row block mb (pair-row with clusters), column block nb: raster group g = t / (group_m x
+// num_n) holds row blocks [g x group_m, + group_m) (the last group may hold fewer), column-major inside.
+// The divisions use the host's FastDiv constants (EpiParams::div_*): with `/` each one was ~30
+// dependent instructions at every tile start, while the tensor cores wait (ncu source counters,
+// session 7 run 2: about 5% of the consumer warps' samples at 6144^2 x 1280).
+__device__ __forceinline__ void tile_coords(int t, int num_m, const EpiParams& ep, int& mb, int& nb) {
+  const int g = fast_div(t, ep.div_per_group);
+  const int first_m = g * ep.group_m;
+  const int r = t - g * ep.div_per_group.d;
+  const bool full = num_m - first_m >= ep.group_m;  // else the last, shorter group
+  const FastDiv dg{full ? ep.div_group.d : ep.div_last.d, full ? ep.div_group.m : ep.div_last.m,
+                   full ? ep.div_group.s : ep.div_last.s};
+  nb = fast_div(r, dg);
+  mb = first_m + r - nb * dg.d;
 }
 
 // Work item t of the persistent walk -> output tile and k-block range: with split K each tile is
@@ -132,7 +143,7 @@ __device__ __forceinline__ void split_tile(int t, const EpiParams& ep, int num_k
     nkb = num_kb;
     return;
   }
-  tile = t / ep.splits;
+  tile = fast_div(t, ep.div_splits);
   split = t - tile * ep.splits;
   kb0 = split * ep.kb_per_split;
   nkb = min(ep.kb_per_split, num_kb - kb0);
@@ -559,10 +570,12 @@ __device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC]
 // roles of the two accumulators are fixed in each half of the loop body (no run-time indexing). The
 // two halves are written out on purpose: folded into one lambda with the accumulators as arguments,
 // ptxas no longer proves the pipeline and serializes every wgmma (C7514 + C7517, nvcc 13.0).
-template <int BN, int CL, int FA, int FB, int S, int kStageA, int kStageB>
+// after_first() runs right after the first k-block's wgmmas are issued (the tile's epilogue prefetch:
+// its address arithmetic and loads then overlap the MMAs instead of delaying the first issue).
+template <int BN, int CL, int FA, int FB, int S, int kStageA, int kStageB, class AfterFirst>
 __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint8_t* sA, const uint8_t* sB,
                                                 uint64_t* full, uint64_t* empty, int& stage, uint32_t& phase,
-                                                int num_kb, int lane) {
+                                                int num_kb, int lane, AfterFirst&& after_first) {
   float a0[1][BN / 2], a1[1][BN / 2];
   auto advance = [&]() {
     if (++stage == S) {
@@ -572,6 +585,7 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
   };
   mbar_wait(&full[stage], phase);
   issue_kblock<BN, 1, FA, FB>(a0, sA + stage * kStageA, sB + stage * kStageB);
+  after_first();  // work of the tile start that can run while the first k-block's MMAs do
   int prev = stage;
   advance();
   for (int kb = 1;; ++kb) {
@@ -649,14 +663,14 @@ __device__ __forceinline__ void init_stage_barriers(const CUtensorMap* tma_a, co
 template <int BN, int CL, int S, int kStageA, int kStageB, int kStage, bool SPLIT = false>
 __device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CUtensorMap* tma_b, uint8_t* sA,
                                               uint8_t* sB, uint64_t* full, uint64_t* empty, int first_tile,
-                                              int num_tiles, int tile_step, int num_mp, int num_n, int num_kb,
-                                              uint32_t rank, int group_m, const EpiParams& ep) {
+                                              int num_tiles, int tile_step, int num_mp, int num_kb,
+                                              uint32_t rank, const EpiParams& ep) {
   int stage = 0;
   uint32_t phase = 0;
   for (int t = first_tile; t < num_tiles; t += tile_step) {
     int tile, split, kb0, nkb, mb, nb;
     split_tile<SPLIT>(t, ep, num_kb, tile, split, kb0, nkb);
-    tile_coords(tile, num_mp, num_n, group_m, mb, nb);
+    tile_coords(tile, num_mp, ep, mb, nb);
     mb = mb * CL + rank;
     for (int kb = kb0; kb < kb0 + nkb; ++kb) {
       mbar_wait(&empty[stage], phase ^ 1);
@@ -746,7 +760,7 @@ __device__ __forceinline__ void consumer_carry(const uint8_t* sA, const uint8_t*
   auto begin_tile = [&]() {
     last_tile = t + tile_step >= num_tiles;
     int mb, nb;
-    tile_coords(t, num_m, num_n, ep.group_m, mb, nb);
+    tile_coords(t, num_m, ep, mb, nb);
     tile_row0 = mb * kBM + cw * 64;
     row0 = tile_row0 + lr0;
     col_base = nb * BN;
@@ -843,8 +857,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<RegSplit<BN, DBL>::kProducer>();
     if (threadIdx.x == 0) {
       producer_loop<BN, CL, S, C::kStageA, C::kStageB, C::kStage, SPLIT>(&tma_a, &tma_b, sA, sB, full, empty, first_tile,
-                                                                  num_tiles, tile_step, num_mp, num_n, num_kb, rank,
-                                                                  ep.group_m, ep);
+                                                                  num_tiles, tile_step, num_mp, num_kb, rank, ep);
     }
   } else {
     // ------------------------------------------------------------ consumers
@@ -867,23 +880,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int t = first_tile; t < num_tiles; t += tile_step) {
       int tile, split, kb0, nkb, mb, nb;
       split_tile<SPLIT>(t, ep, num_kb, tile, split, kb0, nkb);
-      tile_coords(tile, num_mp, num_n, ep.group_m, mb, nb);
+      tile_coords(tile, num_mp, ep, mb, nb);
       mb = mb * CL + rank;
       const int lr0 = warp * 16 + lane / 4;  // local row inside the warpgroup's 64 rows
       const int tile_row0 = mb * kBM + cw * 64;
       const int row0 = tile_row0 + lr0;
       const int col_base = nb * BN;
       EpiPrefetch<BN> pf;
-      epi_prefetch<BN, SWAP>(pf, ep, row0, col_base, tid);
 
       float fin[BN / 2];
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) fin[i] = 0.f;
       if constexpr (DBL) {
         static_assert(NACC == 1, "DBL keeps one accumulator per k-block");
-        mainloop_double<BN, CL, FA, FB, S, C::kStageA, C::kStageB>(fin, sA + cw * 64 * kBK, sB, full, empty, stage,
-                                                                  phase, nkb, lane);
+        mainloop_double<BN, CL, FA, FB, S, C::kStageA, C::kStageB>(
+            fin, sA + cw * 64 * kBK, sB, full, empty, stage, phase, nkb, lane,
+            [&]() { epi_prefetch<BN, SWAP>(pf, ep, row0, col_base, tid); });
       } else {
+        epi_prefetch<BN, SWAP>(pf, ep, row0, col_base, tid);
         float acc[NACC][BN / 2];
         for (int kb = 0; kb < nkb; ++kb) {
           mbar_wait(&full[stage], phase);
@@ -992,7 +1006,7 @@ __device__ __forceinline__ void consumer_stream(const SmemLayout<BN, false>& L, 
   // Tile t's coordinates and epilogue operands (loaded now, used after its k-blocks); fin = 0.
   auto begin_tile = [&]() {
     int mb, nb;
-    tile_coords(t, num_m, num_n, ep.group_m, mb, nb);
+    tile_coords(t, num_m, ep, mb, nb);
     tile_row0 = mb * kBM + cw * 64;
     col_base = nb * BN;
     epi_prefetch<BN, false>(pf, ep, tile_row0 + lr0, col_base, tid);
@@ -1098,8 +1112,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
       producer_loop<BN, 1, S, C::kStageA, C::kStageB, C::kStage>(&tma_a, &tma_b, L.sA, L.sB, L.full, L.empty,
-                                                                 blockIdx.x, num_tiles, gridDim.x, num_m, num_n,
-                                                                 num_kb, 0, ep.group_m, ep);
+                                                                 blockIdx.x, num_tiles, gridDim.x, num_m, num_kb, 0,
+                                                                 ep);
     }
   } else {
     setmaxnreg_inc<232>();
