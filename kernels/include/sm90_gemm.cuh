@@ -237,12 +237,6 @@ __device__ __forceinline__ EpiMode epi_mode(const EpiParams& ep) {
   return ep.sa_row ? EpiMode::kColScale : EpiMode::kFolded;
 }
 
-// Whether the launch's 16-bit epilogue reads its column scales in the by-lane order (epi_lane_slot).
-__device__ __forceinline__ bool epi_mode_by_lane(const EpiParams& ep) {
-  const EpiMode mode = epi_mode(ep);
-  return mode == EpiMode::kFolded || mode == EpiMode::kColScale;
-}
-
 // Slot of tile column c in the "by lane" order of the column scales (EpiMode::kFolded, kColScale): the
 // thread of lane % 4 == t needs columns 8j + 2t and 8j + 2t + 1 of every j, so the four values of a pair
 // of j (2p, 2p + 1) sit together: [p][t][(c % 16) / 8][c % 2]; one 16-byte load then gives a thread two
@@ -279,12 +273,11 @@ __device__ __forceinline__ float2 epi_pair(const float (&acc)[BN / 2], const Epi
 
 // The value pairs of fragments (j0 + q / 2, q % 2), q = 0..3, for an even j0 (tile columns 8 j0 + lc and
 // 8 (j0 + 1) + lc, lc = 2 (lane % 4)) in mode MODE; k0, k1: kUniform's factors of the thread's two rows.
-// f: kFolded's / kColScale's four column scales of the pair (epi_load_pair), unused in the other modes.
 template <int BN, EpiMode MODE>
 __device__ __forceinline__ void epi_values(const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf, const float* vs,
-                                           const float* vb, int j0, int lc, float k0, float k1, float4 f,
-                                           float2 (&v)[4]) {
+                                           const float* vb, int j0, int lc, float k0, float k1, float2 (&v)[4]) {
   if constexpr (MODE == EpiMode::kFolded || MODE == EpiMode::kColScale) {
+    const float4 f = *reinterpret_cast<const float4*>(vs + epi_lane_slot(8 * j0 + lc));
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int j = j0 + q / 2, i = q % 2;
@@ -310,24 +303,6 @@ __device__ __forceinline__ void epi_values(const float (&acc)[BN / 2], const Epi
       }
     }
   }
-}
-
-// Pairs of 8-column fragments of a BN-wide 16-bit tile, in the staging order of stage_tile_16bit: the
-// strip's pairs (the last BN % 64 columns) first, then the staged columns'.
-template <int BN>
-constexpr int epi_strip_pairs() { return (BN - staged_cols<BN>()) / 16; }
-template <int BN>
-constexpr int epi_pairs() { return BN / 16; }
-// First fragment column j0 (an even 8-column fragment index) of pair p in that order.
-template <int BN>
-__device__ __forceinline__ constexpr int epi_pair_j0(int p) {
-  return p < epi_strip_pairs<BN>() ? staged_cols<BN>() / 8 + 2 * p : 2 * (p - epi_strip_pairs<BN>());
-}
-
-// kFolded's / kColScale's four column scales of the pair at fragment j0 (columns 8 j0 + lc, + 1,
-// 8 (j0 + 1) + lc, + 1; lc = 2 (lane % 4)): one 16-byte load from the by-lane vector (epi_lane_slot).
-__device__ __forceinline__ float4 epi_load_pair(const float* vs, int j0, int lc) {
-  return *reinterpret_cast<const float4*>(vs + epi_lane_slot(8 * j0 + lc));
 }
 
 // 16-bit output tile of one warpgroup (64 x BN): the strip (last BN % 64 columns, row-major
@@ -356,9 +331,8 @@ __device__ __forceinline__ void stage_tile_16bit(const float (&acc)[BN / 2], con
   // interleaved order (its code is unchanged), and so does config 9 (PACK_FIRST false: it keeps the
   // next tile's k-blocks in flight here, and the packed tile spilled 52 bytes).
   constexpr bool kPackFirst = PACK_FIRST && MODE != EpiMode::kUniform;
-  constexpr int kStrip = epi_strip_pairs<BN>();  // pairs of 8-column fragments in the strip
+  constexpr int kStrip = (BN - staged_cols<BN>()) / 16;  // pairs of 8-column fragments in the strip
   constexpr int kStaged = staged_cols<BN>() / 16;
-  static_assert(kStrip + kStaged == epi_pairs<BN>(), "pair count");
   uint32_t packed[kStrip + kStaged][4];  // [strip pairs..., staged pairs...]
   auto store_pair = [&](int p) {
     if (p < kStrip) {  // the strip: row-major, pitch (BN % 64) x 2 bytes, plain 32-bit stores
@@ -377,12 +351,9 @@ __device__ __forceinline__ void stage_tile_16bit(const float (&acc)[BN / 2], con
   };
 #pragma unroll
   for (int p = 0; p < kStrip + kStaged; ++p) {
-    const int j0 = epi_pair_j0<BN>(p);
-    constexpr bool kCols = MODE == EpiMode::kFolded || MODE == EpiMode::kColScale;
-    float4 f = make_float4(0.f, 0.f, 0.f, 0.f);
-    if constexpr (kCols) f = epi_load_pair(vs, j0, lc);
+    const int j0 = p < kStrip ? staged_cols<BN>() / 8 + 2 * p : 2 * (p - kStrip);
     float2 v[4];
-    epi_values<BN, MODE>(acc, pf, vs, vb, j0, lc, k0, k1, f, v);
+    epi_values<BN, MODE>(acc, pf, vs, vb, j0, lc, k0, k1, v);
 #pragma unroll
     for (int q = 0; q < 4; ++q) packed[p][q] = pack_16bit<BF16>(v[q].x, v[q].y);
     if constexpr (!kPackFirst) store_pair(p);
@@ -601,13 +572,10 @@ __device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC]
 // ptxas no longer proves the pipeline and serializes every wgmma (C7514 + C7517, nvcc 13.0).
 // after_first() runs right after the first k-block's wgmmas are issued (the tile's epilogue prefetch:
 // its address arithmetic and loads then overlap the MMAs instead of delaying the first issue).
-// before_last() runs once the last k-block is issued and the one before it promoted, before waiting
-// for the last (the tile end's work that needs no accumulator: tile_end_early).
-template <int BN, int CL, int FA, int FB, int S, int kStageA, int kStageB, class AfterFirst, class BeforeLast>
+template <int BN, int CL, int FA, int FB, int S, int kStageA, int kStageB, class AfterFirst>
 __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint8_t* sA, const uint8_t* sB,
                                                 uint64_t* full, uint64_t* empty, int& stage, uint32_t& phase,
-                                                int num_kb, int lane, AfterFirst&& after_first,
-                                                BeforeLast&& before_last) {
+                                                int num_kb, int lane, AfterFirst&& after_first) {
   float a0[1][BN / 2], a1[1][BN / 2];
   auto advance = [&]() {
     if (++stage == S) {
@@ -622,7 +590,6 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
   advance();
   for (int kb = 1;; ++kb) {
     if (kb == num_kb) {
-      before_last();
       wgmma_wait<0>();
       release_stage<CL>(empty, prev, lane);
       promote<BN, 1>(fin, a0);
@@ -636,7 +603,6 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
     prev = stage;
     advance();
     if (++kb == num_kb) {
-      before_last();
       wgmma_wait<0>();
       release_stage<CL>(empty, prev, lane);
       promote<BN, 1>(fin, a1);
@@ -725,49 +691,21 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CU
   }
 }
 
-// Whether the tile-end work before the epilogue may run early, before the tile's last k-block has
-// retired (tile_end_early): only where every epilogue ends with the warpgroup barrier after its last
-// read of vec (the 16-bit TMA-store path: staging, fence, barrier, store), so that a thread which
-// passed the previous tile's epilogue may overwrite vec at once.
-template <bool SWAP>
-__device__ __forceinline__ bool tile_end_early_ok(const EpiParams& ep) {
-  return !SWAP && ep.tma_store && ep.out_kind != 0;
-}
-
-// Tile end, the part that does not need the accumulators (with tile_end_early_ok; configs 7, 8, 10, 11
-// run it under the tile's last k-block, mainloop_double's before_last): publish this tile's column
-// scales/bias to vec (kUniform reads none), wait until the previous TMA store has read ctile
-// (bulk_wait_read0, thread 0) and barrier (vec complete; ctile free). Until kernel v16 all of it ran
-// after the last k-block had retired, with a second barrier between the publication and the epilogue.
-// (The column scales' shared-memory loads stay in the epilogue: loaded here into registers, even two
-// of the nine 16-byte pairs spilled config 11, the tile end being at the register limit.)
-template <int BN>
-__device__ __forceinline__ void tile_end_early(const EpiParams& ep, const EpiPrefetch<BN>& pf, float* vec, int tid,
-                                               int bar_id) {
-  const EpiMode mode = epi_mode(ep);
-  if (mode != EpiMode::kUniform) epi_publish_cols<BN>(vec, pf, tid, mode == EpiMode::kFolded, epi_mode_by_lane(ep));
-  if (tid == 0) bulk_wait_read0();
-  named_bar_sync(bar_id, 128);
-}
-
 // End of a tile for one consumer warpgroup: once its previous TMA store has finished reading ctile
 // (bulk_wait_read0) and every thread passed barrier bar_id (the warpgroup's own named barrier, 128
 // threads: nobody still reads vec / ctile of the previous tile), publish this tile's column
-// scales/bias to vec, barrier again (vec complete), then the epilogue. PRE: the caller has run
-// tile_end_early already where tile_end_early_ok (then only the epilogue is left).
-template <int BN, bool SWAP, bool PACK_FIRST = true, bool PRE = false>
+// scales/bias to vec, barrier again (vec complete), then the epilogue.
+template <int BN, bool SWAP, bool PACK_FIRST = true>
 __device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const EpiParams& ep, const EpiPrefetch<BN>& pf,
                                             float* vec, uint8_t* ctile, const CUtensorMap* tma_out, int row0,
                                             int col_base, int lr0, int lane, int tid, int bar_id, int tile_row0,
                                             long out_off = 0) {
-  if (!PRE || !tile_end_early_ok<SWAP>(ep)) {
-    if (!SWAP && tid == 0) bulk_wait_read0();
-    named_bar_sync(bar_id, 128);
-    const EpiMode mode = SWAP ? EpiMode::kGeneral : epi_mode(ep);
-    epi_publish_cols<BN>(vec, pf, tid, mode == EpiMode::kFolded,
-                         mode == EpiMode::kFolded || mode == EpiMode::kColScale);
-    named_bar_sync(bar_id, 128);
-  }
+  if (!SWAP && tid == 0) bulk_wait_read0();
+  named_bar_sync(bar_id, 128);
+  const EpiMode mode = SWAP ? EpiMode::kGeneral : epi_mode(ep);
+  epi_publish_cols<BN>(vec, pf, tid, mode == EpiMode::kFolded,
+                       mode == EpiMode::kFolded || mode == EpiMode::kColScale);
+  named_bar_sync(bar_id, 128);
   epilogue<BN, SWAP, PACK_FIRST>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0,
                                  out_off);
 }
@@ -867,8 +805,7 @@ __device__ __forceinline__ void consumer_carry(const uint8_t* sA, const uint8_t*
     }
     kb += 2;
     if (tile_end) {
-      finish_tile<BN, false>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id,
-                             tile_row0);
+      finish_tile<BN, false>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
       if (last) break;
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) fin[i] = 0.f;
@@ -958,10 +895,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         static_assert(NACC == 1, "DBL keeps one accumulator per k-block");
         mainloop_double<BN, CL, FA, FB, S, C::kStageA, C::kStageB>(
             fin, sA + cw * 64 * kBK, sB, full, empty, stage, phase, nkb, lane,
-            [&]() { epi_prefetch<BN, SWAP>(pf, ep, row0, col_base, tid); },
-            [&]() {
-              if (tile_end_early_ok<SWAP>(ep)) tile_end_early<BN>(ep, pf, vec, tid, bar_id);
-            });
+            [&]() { epi_prefetch<BN, SWAP>(pf, ep, row0, col_base, tid); });
       } else {
         epi_prefetch<BN, SWAP>(pf, ep, row0, col_base, tid);
         float acc[NACC][BN / 2];
@@ -978,8 +912,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
 
-      finish_tile<BN, SWAP, true, DBL>(fin, ep, pf, vec, ctile, &tma_out, row0, col_base, lr0, lane, tid, bar_id,
-                                       tile_row0, SPLIT ? split * ep.split_stride : 0);
+      finish_tile<BN, SWAP>(fin, ep, pf, vec, ctile, &tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0,
+                            SPLIT ? split * ep.split_stride : 0);
     }
     if (!SWAP && tid == 0) bulk_wait0();
   }
