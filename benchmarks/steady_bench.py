@@ -6,11 +6,13 @@ Here each candidate first runs alone for ``--burn`` seconds, then is timed for `
 both sides are measured in the same (power-limited) steady state; candidates alternate A/B/B/A and
 the best of the rounds' medians is reported for each.
 
-Usage: python benchmarks/steady_bench.py [--set five|judged] [--configs 7,10] [--burn 0.5] [--rep 400]
-       [--rounds 2] [--json out.json]
+Usage: python benchmarks/steady_bench.py [--set five|judged] [--shapes 6144x6144x1280,...] [--configs 7,10]
+       [--per-channel] [--burn 0.5] [--rep 400] [--rounds 2] [--json out.json]
 
-``--set judged`` is issue 4's set (the 27 shapes of benchmarks/gemm.py with M >= 2048);
-``--configs`` adds forced kernel configs as further candidates (same data, same rotation).
+``--set judged`` is issue 4's set (the 27 shapes of benchmarks/gemm.py with M >= 2048); ``--shapes``
+replaces the set by the listed M x N x K shapes. ``--configs`` adds forced kernel configs as further
+candidates (same data, same rotation); with ``--per-channel`` each forced config is also timed with
+per-channel weight scales, and its per-channel cost is printed.
 """
 
 from __future__ import annotations
@@ -56,6 +58,24 @@ def time_rounds(fns: dict, rounds: int, burn: float, rep: int, batch: int = 20) 
     return times
 
 
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """``"6144x6144x1280,8192x4096x4096"`` -> [(6144, 6144, 1280), (8192, 4096, 4096)]; ValueError on
+    anything else (three positive integers joined by ``x`` per shape)."""
+    shapes = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"--shapes: {item!r} is not MxNxK with positive integers")
+        shapes.append((int(parts[0]), int(parts[1]), int(parts[2])))
+    return shapes
+
+
+def paired_cost(ms_ch: list[float], ms_t: list[float]) -> float:
+    """Mean over rounds of (per-channel time / per-tensor time) - 1: the two measured in the same round,
+    so in the same thermal state."""
+    return sum(c / t for c, t in zip(ms_ch, ms_t)) / len(ms_t) - 1
+
+
 def warm_up(seconds: float, size: int = 8192) -> None:
     """Run cuBLASLt FP8 GEMMs (size^3) for ``seconds``, so that the first shape's first candidate does not
     meet a cool card (session 5: the set's first shape, first candidate, measured 4-7% faster in the
@@ -79,18 +99,23 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", default="")
     ap.add_argument("--set", choices=("five", "judged"), default="five")
+    ap.add_argument("--shapes", default="", help="comma-separated MxNxK shapes instead of --set")
     ap.add_argument("--configs", default="", help="comma-separated forced config ids to time as well")
     ap.add_argument("--per-channel", action="store_true",
                     help="also time ours with per-channel weight scales (issue 4's per-channel cost bar)")
     ap.add_argument("--warm", type=float, default=3.0,
                     help="seconds of cuBLASLt GEMMs before the first shape (a cool card bursts: NOTES.md, session 5)")
     args = ap.parse_args()
-    shapes = FIVE if args.set == "five" else [(m, n, k) for _, m, n, k in shape_set(False) if m >= 2048]
+    if args.shapes:
+        shapes = parse_shapes(args.shapes)
+    else:
+        shapes = FIVE if args.set == "five" else [(m, n, k) for _, m, n, k in shape_set(False) if m >= 2048]
     forced = [int(c) for c in args.configs.split(",") if c.strip()]
+    cols = [f"cfg{c}" for c in forced] + ([f"cfg{c}_ch" for c in forced] + ["ours_ch"] if args.per_channel else [])
     kern = kernels_module()
     e4, bf = torch.float8_e4m3fn, torch.bfloat16
     rows = []
-    extra = "".join(f" {'cfg' + str(c):>6}" for c in forced) + (f" {'ours_ch':>7}" if args.per_channel else "")
+    extra = "".join(f" {c:>7}" for c in cols)
     print(f"{'M':>6}{'N':>7}{'K':>7} | {'ours':>6} {'cuBLASLt':>8}{extra} | ratio   (TFLOPS, steady state)", flush=True)
     warm_up(args.warm)
     for m, n, k in shapes:
@@ -103,23 +128,28 @@ def main() -> int:
             fns[f"cfg{c}"] = lambda c=c: kern.sm90_gemm(a, b, s1, s2, None, bf, c)
         if args.per_channel:
             s2c = torch.rand(n, 1, device="cuda") + 0.5
+            for c in forced:
+                fns[f"cfg{c}_ch"] = lambda c=c: kern.sm90_gemm(a, b, s1, s2c, None, bf, c)
             fns["ours_ch"] = lambda: kern.sm90_gemm(a, b, s1, s2c, None, bf)
         times = time_rounds(fns, args.rounds, args.burn, args.rep)
         tf = {key: 2 * m * n * k / (min(ts) * 1e-3) / 1e12 for key, ts in times.items()}
         rows.append({"M": m, "N": n, "K": k, "ms": times, "tflops": tf, "ratio": tf["ours"] / tf["cublas"]})
-        ex = "".join(f" {tf[f'cfg{c}']:6.0f}" for c in forced) + (f" {tf['ours_ch']:7.0f}" if args.per_channel else "")
+        ex = "".join(f" {tf[c]:7.0f}" for c in cols)
         print(f"{m:>6}{n:>7}{k:>7} | {tf['ours']:6.0f} {tf['cublas']:8.0f}{ex} | {tf['ours'] / tf['cublas']:.3f}", flush=True)
         del a, b
     g = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
     print(f"geomean ours/cuBLASLt over {len(rows)} shapes: {g:.3f}")
     if args.per_channel:
+        for c in forced:
+            paired_c = [paired_cost(r["ms"][f"cfg{c}_ch"], r["ms"][f"cfg{c}"]) for r in rows]
+            print(f"config {c}: per-channel cost, paired per round: mean {100 * sum(paired_c) / len(paired_c):+.1f}%, "
+                  f"worst {100 * max(paired_c):+.1f}%")
         costs = [r["tflops"]["ours"] / r["tflops"]["ours_ch"] - 1 for r in rows]
         print(f"per-channel cost vs per-tensor (ours): mean {100 * sum(costs) / len(costs):+.1f}%, "
               f"worst {100 * max(costs):+.1f}%")
         # paired: per-channel over per-tensor within each round (the same thermal state), then the mean
         # over rounds; less exposed than best-of-rounds to one candidate's burst on a cool card
-        paired = [sum(c / t for c, t in zip(r["ms"]["ours_ch"], r["ms"]["ours"])) / len(r["ms"]["ours"]) - 1
-                  for r in rows]
+        paired = [paired_cost(r["ms"]["ours_ch"], r["ms"]["ours"]) for r in rows]
         worst = max(range(len(rows)), key=lambda i: paired[i])
         w = rows[worst]
         print(f"per-channel cost, paired per round: mean {100 * sum(paired) / len(paired):+.1f}%, worst "

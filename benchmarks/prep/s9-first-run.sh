@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# First device call of session 9 (one `run`, ~520 s), on main's kernel v16 as it is:
+#   1. what v16 still lacks in its own build: racecheck + synccheck on configs 1 and 7 (a cold machine's
+#      first sanitizer run is slow: 250 s), every other gpu-marked test;
+#   2. the per-channel cost at small K by config (NOTES, session 8: +3.4-4.3% at 6144^2 x 1280 in ncu,
+#      paired +3.6% steady): configs 7, 10 and the CARRY configs 12, 13 (next tile's first k-block under
+#      the epilogue), each per-tensor and per-channel, on the shapes where per-channel costs most;
+#   3. a second judged sample of v16 (session 8 run 1: 1.006).
+# Locally: nothing to apply. Then: run(command="bash benchmarks/prep/s9-first-run.sh")   -- logs in $OUT
+set -o pipefail
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 FP8_LINEAR_CACHE=$PWD/.fp8_cache PYTHONPATH=$PWD
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+python3 -m pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1
+OUT=$OUT benchmarks/device_run.sh build 2>&1 | grep -E "load s|QGMMA count|rror" | head
+timeout 60 python3 -P benchmarks/sanitize_driver.py > $OUT/smoke.txt 2>&1; rc=$?; echo "smoke rc=$rc"; tail -1 $OUT/smoke.txt
+[ $rc -ne 0 ] && { tail -20 $OUT/smoke.txt; exit 1; }
+s0=$(el)
+SANITIZE_CONFIGS=1,7 SANITIZE_TOOLS="racecheck synccheck" timeout 250 benchmarks/sanitize.sh > $OUT/san.txt 2>&1
+echo "san 1,7 rc=$? in $(( $(el) - s0 )) s"; grep -E "rc=" $OUT/san.txt
+timeout 100 python3 -P -m pytest -m gpu tests -q -p no:cacheprovider -rA --ignore=tests/kernels/test_sm90_gpu.py > $OUT/gpu-tests.txt 2>&1
+echo "other gpu tests rc=$? at $(el) s"; grep -E "^(FAILED|ERROR)" $OUT/gpu-tests.txt | head; tail -1 $OUT/gpu-tests.txt
+echo "=== per-channel by config at $(el) s"
+timeout 120 python3 -P benchmarks/steady_bench.py --shapes 6144x6144x1280,8192x4096x4096,2048x6144x4096,8192x8192x4096 \
+  --configs 7,10,12,13 --per-channel --warm 3 --burn 0.3 --rep 200 --rounds 2 --json $OUT/steady-cfg.json 2>&1 \
+  | tee $OUT/steady-cfg.txt | tail -14
+echo "=== steady judged at $(el) s"
+timeout $(( 590 - $(el) )) python3 -P benchmarks/steady_bench.py --set judged --per-channel --warm 3 --burn 0.4 --rep 300 --rounds 2 \
+  --json $OUT/steady.json 2>&1 | tee $OUT/steady.txt | tail -32
+echo "=== end $(el) s"
