@@ -7,14 +7,7 @@
 #      the epilogue), each per-tensor and per-channel, on the shapes where per-channel costs most;
 #   3. a second judged sample of v16 (session 8 run 1: 1.006).
 # Locally: nothing to apply. Then: run(command="bash benchmarks/prep/s9-first-run.sh")   -- logs in $OUT
-set -o pipefail
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 FP8_LINEAR_CACHE=$PWD/.fp8_cache PYTHONPATH=$PWD
-OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
-T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
-python3 -m pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1
-OUT=$OUT benchmarks/device_run.sh build 2>&1 | grep -E "load s|QGMMA count|rror" | head
-timeout 60 python3 -P benchmarks/sanitize_driver.py > $OUT/smoke.txt 2>&1; rc=$?; echo "smoke rc=$rc"; tail -1 $OUT/smoke.txt
-[ $rc -ne 0 ] && { tail -20 $OUT/smoke.txt; exit 1; }
+source benchmarks/device_prelude.sh
 s0=$(el)
 SANITIZE_CONFIGS=1,7 SANITIZE_TOOLS="racecheck synccheck" timeout 250 benchmarks/sanitize.sh > $OUT/san.txt 2>&1
 echo "san 1,7 rc=$? in $(( $(el) - s0 )) s"; grep -E "rc=" $OUT/san.txt
