@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
 from fp8_linear.backends.sm90 import kernels_module  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from steady_bench import time_rounds  # noqa: E402
+from steady_bench import parse_shapes, time_rounds  # noqa: E402
 
 ENV = "FP8_LINEAR_SM90_GROUP_M"
 ENV_EVEN = "FP8_LINEAR_SM90_EVEN_WAVES"
@@ -59,8 +59,7 @@ def main() -> int:
     keys = [f"c{c}g{g}{e}" for c in cfgs for g in groups for e in evens]
     print(f"{'shape':>18} {'cuBLASLt':>8} | " + " ".join(f"{k:>8}" for k in keys) + "   (TFLOPS)", flush=True)
     rows = []
-    for spec in args.shapes.split(","):
-        m, n, k = (int(x) for x in spec.split("x"))
+    for m, n, k in parse_shapes(args.shapes):
         a = torch.randn(m, k, device="cuda").to(e4)
         b = torch.randn(n, k, device="cuda").to(e4)
         s1, s2 = torch.tensor([0.7], device="cuda"), torch.tensor([1.3], device="cuda")
