@@ -36,6 +36,9 @@ if str(ROOT) not in sys.path:
 
 from fp8_linear.backends.sm90 import kernels_module  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from steady_bench import parse_shapes  # noqa: E402
+
 #: Dense FP8 tensor-core FLOP per SM per clock on Hopper (4096 FMA).
 FP8_FLOP_PER_CLK_PER_SM = 8192
 NVML_CLOCK_SM = 1
@@ -113,8 +116,8 @@ def main() -> int:
     e4, bf = torch.float8_e4m3fn, torch.bfloat16
     rows = []
     print(f"{'shape':>20} {'candidate':>9} | {'TFLOPS':>7} {'MHz':>6} {'W':>5} {'pJ/FLOP':>8} {'util':>6}", flush=True)
-    for spec in args.shapes.split(","):
-        m, n, k = (int(x) for x in spec.lower().split("x"))
+    for m, n, k in parse_shapes(args.shapes):
+        spec = f"{m}x{n}x{k}"
         a = torch.randn(m, k, device="cuda").to(e4)
         b = torch.randn(n, k, device="cuda").to(e4)
         s1, s2 = torch.tensor([0.7], device="cuda"), torch.tensor([1.3], device="cuda")
