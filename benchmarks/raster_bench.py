@@ -1,7 +1,7 @@
 """Steady-state timing of the sm90 kernel's tile raster (row-blocks per group) against cuBLASLt.
 
 The persistent CTAs walk the output tiles in groups of ``group_m`` row-blocks, column-major inside a
-group (``tile_coords`` in kernels/include/sm90_gemm.cuh); the group height sets how long a group's A
+group (``tile_coords`` in kernels/include/sm90_tile.cuh); the group height sets how long a group's A
 panel and the B columns in flight stay in L2. This script times forced configs under several group
 heights (the FP8_LINEAR_SM90_GROUP_M override, read at each launch) in the steady state of
 benchmarks/steady_bench.py: each candidate alone for ``--burn`` s, then ``do_bench`` for ``--rep`` ms,

@@ -50,7 +50,7 @@ def main() -> int:
             sa = torch.rand(m if i % 2 else 1, device="cuda") + 0.5
             sb = torch.rand(n if i % 3 else 1, device="cuda") + 0.5
             bias = [None, None, torch.randn(n, device="cuda"), torch.randn(n, device="cuda").bfloat16()][i % 4]
-            # without a bias a 16-bit output, so that every epilogue mode runs (sm90_gemm.cuh, EpiMode:
+            # without a bias a 16-bit output, so that every epilogue mode runs (sm90_epilogue.cuh, EpiMode:
             # i = 0 per-tensor scales, 1 and 5 per-token x per-channel, 4 per-tensor x per-channel)
             od = outs[(cfg + i) % 3] if bias is not None else outs[(cfg + i) % 2]
             out = torch.full((m, n), float("nan"), device="cuda", dtype=od)

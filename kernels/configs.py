@@ -1,6 +1,6 @@
 """Kernel configurations of the sm90 FP8 GEMM and the shape-based choice among them.
 
-Pure Python (no CUDA, no build): the table must match ``include/sm90_api.h`` / ``sm90_gemm.cuh``.
+Pure Python (no CUDA, no build): the table must match ``include/sm90_api.h`` / ``sm90_launch.cuh``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class KernelConfig:
     double_acc: bool = False  # two accumulators: issue k-block i+1 before promoting k-block i
     overlap: bool = False  # pipeline across tiles: next tile's first k-blocks run under this tile's epilogue
     carry: bool = False  # the next tile's first k-block issued before this tile's epilogue (even k-blocks)
-    split_k: bool = False  # has split-K kernel instances (select_splits; sm90_gemm.cuh config_splits_k)
+    split_k: bool = False  # has split-K kernel instances (select_splits; sm90_launch.cuh config_splits_k)
 
 
 CONFIGS: tuple[KernelConfig, ...] = (

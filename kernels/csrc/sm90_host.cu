@@ -7,7 +7,7 @@
 #include <memory>
 #include <mutex>
 
-#include "sm90_gemm.cuh"
+#include "sm90_launch.cuh"
 
 namespace fp8sm90 {
 
@@ -77,7 +77,7 @@ const char* make_map(CUtensorMap* map, const void* ptr, int rows, int K, int box
 // Output map for the TMA-store epilogue over [M, N] row-major of `out_kind`, box `box_cols` x 64 rows:
 // the staged blocks use box_cols = one 128-byte swizzle row (32 fp32 / 64 16-bit elements) with the
 // 128-byte swizzle; the tile strip (the last bn % 64 columns of a tile, see staged_cols in
-// sm90_gemm.cuh) uses box_cols = bn % 64 without swizzle (the strip is staged row-major).
+// sm90_tile.cuh) uses box_cols = bn % 64 without swizzle (the strip is staged row-major).
 const char* make_out_map(CUtensorMap* map, void* ptr, int M, int N, int out_kind, int box_cols,
                          CUtensorMapSwizzle swizzle, const char* what) {
   auto fn = encode_fn();

@@ -188,7 +188,7 @@ def test_every_config(cfg, m, n, k, out_dtype):
 
 
 # --------------------------------------------------------------- epilogue modes give the same bits
-#: The 16-bit TMA-store epilogue has three modes (sm90_gemm.cuh, EpiMode): with a bias (scales and biases
+#: The 16-bit TMA-store epilogue has three modes (sm90_epilogue.cuh, EpiMode): with a bias (scales and biases
 #: from shared memory), per-channel scale_b without bias, per-tensor scale_b without bias (one factor per
 #: row). The formula is the same, so a zero bias (general mode) and no bias must give the same bits,
 #: negative zeros included (x * s + 0 in every mode).

@@ -1,0 +1,403 @@
+// The sm90 GEMM's epilogue, per consumer warpgroup and tile: the scale / bias operands prefetched at
+// the tile start (EpiPrefetch), the column vectors in shared memory, acc x (row scale x column scale)
+// + bias in one of four modes (EpiMode), the cast, and the store (16-bit: stmatrix into a 128B-swizzled
+// staging tile, then TMA; fp32: 64-column TMA passes; otherwise direct clipped stores).
+#pragma once
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "sm90_ptx.cuh"
+#include "sm90_tile.cuh"
+
+namespace fp8sm90 {
+
+__device__ __forceinline__ float load_bias(const void* p, int kind, int idx) {
+  if (kind == 1) return __ldg(static_cast<const float*>(p) + idx);
+  if (kind == 2) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[idx]);
+  if (kind == 3) return __half2float(static_cast<const __half*>(p)[idx]);
+  return 0.f;
+}
+
+__device__ __forceinline__ void store_one(void* out, int kind, long idx, float v) {
+  if (kind == 0) static_cast<float*>(out)[idx] = v;
+  else if (kind == 1) static_cast<__nv_bfloat16*>(out)[idx] = __float2bfloat16_rn(v);
+  else static_cast<__half*>(out)[idx] = __float2half_rn(v);
+}
+
+// Two floats rounded to bf16 (BF16) or fp16 and packed, the lower column in the low half.
+template <bool BF16>
+__device__ __forceinline__ uint32_t pack_16bit(float v0, float v1) {
+  if constexpr (BF16) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __half2 h = __floats2half2_rn(v0, v1);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+__device__ __forceinline__ void store_two(void* out, int kind, long idx, float v0, float v1) {
+  if (kind == 0) *reinterpret_cast<float2*>(static_cast<float*>(out) + idx) = make_float2(v0, v1);
+  else if (kind == 1) *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(out) + idx) = __floats2bfloat162_rn(v0, v1);
+  else *reinterpret_cast<__half2*>(static_cast<__half*>(out) + idx) = __floats2half2_rn(v0, v1);
+}
+
+// Per-tile epilogue operands fetched from global memory at the START of the tile (their latency
+// hides behind the main loop): two per-thread row values and kColPerThread column values per thread
+// (column tid + 128 * c of the tile, for the tile's BN columns over the warpgroup's 128 threads).
+constexpr int kWgThreads = 128;
+template <int BN>
+struct EpiPrefetch {
+  static constexpr int kColPerThread = (BN + kWgThreads - 1) / kWgThreads;
+  float row_scale[2];                // non-swap: scale_a[m]; swap: scale_b[n]
+  float row_bias[2];                 // swap only: bias[n]
+  float col_scale[kColPerThread];    // non-swap: scale_b[n]; swap: scale_a[m]
+  float col_bias[kColPerThread];     // non-swap: bias[n]
+};
+
+template <int BN, bool SWAP>
+__device__ __forceinline__ void epi_prefetch(EpiPrefetch<BN>& pf, const EpiParams& ep, int row0, int col_base, int tid) {
+  const int rows_lim = SWAP ? ep.N : ep.M;
+  const int cols_lim = SWAP ? ep.M : ep.N;
+  const float* rs = SWAP ? ep.sb : ep.sa;
+  const int rs_row = SWAP ? ep.sb_row : ep.sa_row;
+  const float* cs = SWAP ? ep.sa : ep.sb;
+  const int cs_row = SWAP ? ep.sa_row : ep.sb_row;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = row0 + 8 * i;
+    const bool ok = r < rows_lim;
+    pf.row_scale[i] = (ok || !rs_row) ? __ldg(rs + (rs_row ? r : 0)) : 0.f;  // per-tensor: every thread
+    pf.row_bias[i] = (SWAP && ok) ? load_bias(ep.bias, ep.bias_kind, r) : 0.f;
+  }
+#pragma unroll
+  for (int q = 0; q < EpiPrefetch<BN>::kColPerThread; ++q) {
+    const int lc = tid + kWgThreads * q;
+    const int c = col_base + lc;
+    const bool okc = lc < BN && c < cols_lim;
+    // a per-tensor column scale is loaded for every thread (also past the last column): the uniform
+    // epilogue (EpiMode::kUniform) takes it from col_scale[0]
+    pf.col_scale[q] = (okc || !cs_row) ? __ldg(cs + (cs_row ? c : 0)) : 0.f;
+    pf.col_bias[q] = (!SWAP && okc) ? load_bias(ep.bias, ep.bias_kind, c) : 0.f;
+  }
+}
+
+// How the 16-bit TMA-store epilogue gets a value's column scale and bias. The formula is always
+// acc * (row scale * column scale) + bias; the modes only skip loads that the launch does not need
+// (ep.bias_kind, ep.sa_row, ep.sb_row are uniform per launch, so choosing costs nothing). Bitwise the
+// same across modes: without a bias the "+ 0" stays (x * s + 0 turns -0 into +0 as the general path does).
+enum class EpiMode {
+  kGeneral,   // column scales and biases from the shared vectors (also: fp32 output, direct stores)
+  kColScale,  // per-token scale_a, per-channel scale_b, no bias: the column scales, no bias loads
+  kFolded,    // per-tensor scale_a, per-channel scale_b, no bias: vec holds scale_a x scale_b[c]
+  kUniform,   // per-tensor scale_b, no bias: one factor per accumulator row, no shared-memory loads
+};
+
+__device__ __forceinline__ EpiMode epi_mode(const EpiParams& ep) {
+  if (!ep.tma_store || ep.out_kind == 0 || ep.bias_kind) return EpiMode::kGeneral;
+  if (!ep.sb_row) return EpiMode::kUniform;
+  return ep.sa_row ? EpiMode::kColScale : EpiMode::kFolded;
+}
+
+// Slot of tile column c in the "by lane" order of the column scales (EpiMode::kFolded, kColScale): the
+// thread of lane % 4 == t needs columns 8j + 2t and 8j + 2t + 1 of every j, so the four values of a pair
+// of j (2p, 2p + 1) sit together: [p][t][(c % 16) / 8][c % 2]; one 16-byte load then gives a thread two
+// fragments' scales (four distinct addresses per warp: no bank conflict).
+__device__ __forceinline__ int epi_lane_slot(int c) {
+  return ((c / 16) * 4 + (c % 8) / 2) * 4 + ((c % 16) / 8) * 2 + c % 2;
+}
+
+// Publish the prefetched column values into the warpgroup's shared vectors ([0, BN) scale,
+// [BN, 2BN) bias); with `fold` (EpiMode::kFolded) the scale slots hold row scale x column scale, the
+// product that the general formula forms per value (same operands, same order); with `by_lane`
+// (kFolded, kColScale) the scales are in epi_lane_slot order, the biases always in column order.
+template <int BN>
+__device__ __forceinline__ void epi_publish_cols(float* vec, const EpiPrefetch<BN>& pf, int tid, bool fold,
+                                                 bool by_lane) {
+#pragma unroll
+  for (int q = 0; q < EpiPrefetch<BN>::kColPerThread; ++q) {
+    const int lc = tid + kWgThreads * q;
+    if (lc < BN) {
+      vec[by_lane ? epi_lane_slot(lc) : lc] = fold ? pf.row_scale[0] * pf.col_scale[q] : pf.col_scale[q];
+      vec[BN + lc] = pf.col_bias[q];
+    }
+  }
+}
+
+// The epilogue's value pair of accumulator fragment (j, i) (columns c, c + 1, see below):
+// acc * (row scale * column scale) + column bias, for column scales s0, s1 and biases b0, b1.
+template <int BN>
+__device__ __forceinline__ float2 epi_pair(const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf, int j, int i,
+                                           float s0, float s1, float b0, float b1) {
+  return make_float2(acc[4 * j + 2 * i] * (pf.row_scale[i] * s0) + b0,
+                     acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * s1) + b1);
+}
+
+// The value pairs of fragments (j0 + q / 2, q % 2), q = 0..3, for an even j0 (tile columns 8 j0 + lc and
+// 8 (j0 + 1) + lc, lc = 2 (lane % 4)) in mode MODE; k0, k1: kUniform's factors of the thread's two rows.
+template <int BN, EpiMode MODE>
+__device__ __forceinline__ void epi_values(const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf, const float* vs,
+                                           const float* vb, int j0, int lc, float k0, float k1, float2 (&v)[4]) {
+  if constexpr (MODE == EpiMode::kFolded || MODE == EpiMode::kColScale) {
+    const float4 f = *reinterpret_cast<const float4*>(vs + epi_lane_slot(8 * j0 + lc));
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int j = j0 + q / 2, i = q % 2;
+      const float s0 = q / 2 ? f.z : f.x, s1 = q / 2 ? f.w : f.y;
+      if constexpr (MODE == EpiMode::kFolded) {
+        v[q] = make_float2(acc[4 * j + 2 * i] * s0 + 0.f, acc[4 * j + 2 * i + 1] * s1 + 0.f);
+      } else {
+        v[q] = epi_pair<BN>(acc, pf, j, i, s0, s1, 0.f, 0.f);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int j = j0 + q / 2, i = q % 2;
+      const int c = 8 * j + lc;
+      if constexpr (MODE == EpiMode::kUniform) {
+        const float k = i ? k1 : k0;
+        v[q] = make_float2(acc[4 * j + 2 * i] * k + 0.f, acc[4 * j + 2 * i + 1] * k + 0.f);
+      } else {
+        const float2 sc = *reinterpret_cast<const float2*>(vs + c);
+        const float2 bc = *reinterpret_cast<const float2*>(vb + c);
+        v[q] = epi_pair<BN>(acc, pf, j, i, sc.x, sc.y, bc.x, bc.y);
+      }
+    }
+  }
+}
+
+// 16-bit output tile of one warpgroup (64 x BN): the strip (last BN % 64 columns, row-major
+// unswizzled, pitch (BN % 64) x 2 bytes) with plain 32-bit stores, then the staged columns into the
+// 128B-swizzled staging buffer with stmatrix:
+// the accumulator pair (acc[4j + 2i], acc[4j + 2i + 1]) of every thread is exactly the fragment of the
+// 8 x 8 matrix at rows 16 * warp + 8i + (0..7), columns 8j + (0..7); one stmatrix.x4 stores the four
+// matrices (j0, 0), (j0, 1), (j0 + 1, 0), (j0 + 1, 1), lane l giving the address of row l % 8 of
+// matrix l / 8 (one 16-byte chunk, swizzled: chunk index XOR row % 8). The values come from epi_values
+// (column scales and biases from the shared vectors as MODE needs them).
+template <int BN, bool BF16, EpiMode MODE, bool PACK_FIRST>
+__device__ __forceinline__ void stage_tile_16bit(const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf,
+                                                 const float* vs, const float* vb, uint8_t* ctile, uint8_t* strip,
+                                                 int lane, int warp) {
+  const int lc = 2 * (lane % 4);
+  const int q_l = lane / 8;
+  const int row_l = 16 * warp + 8 * (q_l % 2) + lane % 8;  // this lane's stmatrix row address
+  // kUniform: the factor of each of the thread's two rows, row scale x the per-tensor column scale
+  const float k0 = pf.row_scale[0] * pf.col_scale[0], k1 = pf.row_scale[1] * pf.col_scale[0];
+  static_assert(BN % 16 == 0, "the epilogue takes the columns in pairs of 8-column fragments");
+  // With column vectors to read (every mode but kUniform), every value is computed and packed before
+  // the first shared-memory store: a load from the shared vectors may not move below a store that
+  // could alias it, so with the stores interleaved each load's latency was exposed once per 16 columns
+  // (ncu, session 7 run 2: the per-channel launch's FFMAs waiting on short_sb at 6144^2 x 1280). The
+  // packed tile takes half the accumulator's registers. kUniform loads nothing and keeps the
+  // interleaved order (its code is unchanged), and so does config 9 (PACK_FIRST false: it keeps the
+  // next tile's k-blocks in flight here, and the packed tile spilled 52 bytes).
+  constexpr bool kPackFirst = PACK_FIRST && MODE != EpiMode::kUniform;
+  constexpr int kStrip = (BN - staged_cols<BN>()) / 16;  // pairs of 8-column fragments in the strip
+  constexpr int kStaged = staged_cols<BN>() / 16;
+  uint32_t packed[kStrip + kStaged][4];  // [strip pairs..., staged pairs...]
+  auto store_pair = [&](int p) {
+    if (p < kStrip) {  // the strip: row-major, pitch (BN % 64) x 2 bytes, plain 32-bit stores
+      constexpr int kW = BN % 64;
+      const int lr0 = warp * 16 + lane / 4;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int cs = 16 * p + 8 * (q / 2) + lc;  // column within the strip
+        *reinterpret_cast<uint32_t*>(strip + (lr0 + 8 * (q % 2)) * kW * 2 + cs * 2) = packed[p][q];
+      }
+    } else {  // the staged columns, one stmatrix.x4
+      const int col8 = 2 * (p - kStrip) + q_l / 2;  // 16-byte chunk of 8 columns
+      uint8_t* dst = ctile + (col8 / 8) * (64 * 128) + row_l * 128 + (((col8 % 8) ^ (row_l & 7)) << 4);
+      stmatrix_x4(dst, packed[p][0], packed[p][1], packed[p][2], packed[p][3]);
+    }
+  };
+#pragma unroll
+  for (int p = 0; p < kStrip + kStaged; ++p) {
+    const int j0 = p < kStrip ? staged_cols<BN>() / 8 + 2 * p : 2 * (p - kStrip);
+    float2 v[4];
+    epi_values<BN, MODE>(acc, pf, vs, vb, j0, lc, k0, k1, v);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) packed[p][q] = pack_16bit<BF16>(v[q].x, v[q].y);
+    if constexpr (!kPackFirst) store_pair(p);
+  }
+  if constexpr (kPackFirst) {
+#pragma unroll
+    for (int p = 0; p < kStrip + kStaged; ++p) store_pair(p);
+  }
+}
+
+template <int BN, bool BF16, bool PACK_FIRST>
+__device__ __forceinline__ void stage_16bit_mode(EpiMode mode, const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf,
+                                                 const float* vs, const float* vb, uint8_t* ctile, uint8_t* strip,
+                                                 int lane, int warp) {
+  switch (mode) {
+    case EpiMode::kUniform: stage_tile_16bit<BN, BF16, EpiMode::kUniform, PACK_FIRST>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
+    case EpiMode::kFolded: stage_tile_16bit<BN, BF16, EpiMode::kFolded, PACK_FIRST>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
+    case EpiMode::kColScale: stage_tile_16bit<BN, BF16, EpiMode::kColScale, PACK_FIRST>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
+    default: stage_tile_16bit<BN, BF16, EpiMode::kGeneral, PACK_FIRST>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
+  }
+}
+
+// Accumulator fragment of wgmma m64nBN (per thread): value acc[4j + 2i + e] sits at
+// row = 16*warp + lane/4 + 8*i, col = 8*j + 2*(lane%4) + e  (of the warpgroup's 64 x BN block).
+// vec: this warpgroup's shared column vectors, [0, BN) scale, [BN, 2BN) bias.
+// ctile: this warpgroup's 64 x BN output staging buffer (TMA store path).
+template <int BN, bool SWAP, bool PACK_FIRST = true>
+__device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiParams& ep, const EpiPrefetch<BN>& pf,
+                                         const float* vec, uint8_t* ctile, const CUtensorMap* tma_out,
+                                         int row0, int col_base, int lr0, int lane, int tid, int bar_id,
+                                         int tile_row0, long out_off = 0) {
+  if constexpr (!SWAP) {
+    const float* vs = vec;
+    const float* vb = vec + BN;
+    if (ep.tma_store) {
+      // Stage the 64 x BN tile in shared memory with the 128-byte swizzle (conflict-free writes),
+      // then one thread stores it with TMA, which clips rows >= M and columns >= N.
+      const int lc = 2 * (lane % 4);
+      uint8_t* strip = ctile + 64 * staged_cols<BN>() * 2;
+      if (staged_cols<BN>() < BN && ep.out_kind == 0) {
+        // fp32: the strip (last BN % 64 columns), row-major unswizzled: row pitch (BN % 64) x 4 bytes
+        // (16-bit outputs: in stage_tile_16bit).
+        constexpr int kW = BN % 64;
+#pragma unroll
+        for (int j = staged_cols<BN>() / 8; j < BN / 8; ++j) {
+          const int c = 8 * j + lc;
+          const int cs = c - staged_cols<BN>();
+          const float s0 = vs[c], s1 = vs[c + 1], b0 = vb[c], b1 = vb[c + 1];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int r = lr0 + 8 * i;
+            const auto [v0, v1] = epi_pair<BN>(acc, pf, j, i, s0, s1, b0, b1);
+            *reinterpret_cast<float2*>(strip + r * kW * 4 + cs * 4) = make_float2(v0, v1);
+          }
+        }
+      }
+      // tid 0, after the first staging barrier: the strip's TMA store (clipped like the others).
+      auto store_strip = [&]() {
+        if constexpr (staged_cols<BN>() < BN) {
+          const int gc = col_base + staged_cols<BN>();
+          if (gc < ep.N) tma_store_2d(&ep.tma_strip, strip, gc, tile_row0);
+        }
+      };
+      if (ep.out_kind == 0) {
+        // fp32: 64 columns (two 32-column swizzle blocks, 16 KiB) per pass, over the staged columns.
+#pragma unroll
+        for (int h = 0; h < staged_cols<BN>() / 64; ++h) {
+          if (h > 0) {
+            if (tid == 0) bulk_wait_read0();
+            named_bar_sync(bar_id, 128);
+          }
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) {
+            const int j = h * 8 + jj;
+            const int c = 8 * j + lc;
+            const float s0 = vs[c], s1 = vs[c + 1], b0 = vb[c], b1 = vb[c + 1];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const int r = lr0 + 8 * i;
+              const auto [v0, v1] = epi_pair<BN>(acc, pf, j, i, s0, s1, b0, b1);
+              const int cl = c - 64 * h;
+              const int sub = cl / 32, byte = (cl % 32) * 4;
+              uint8_t* dst = ctile + sub * (64 * 128) + r * 128 + ((((byte >> 4) ^ (r & 7)) << 4) | (byte & 15));
+              *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+            }
+          }
+          fence_proxy_async();  // generic-proxy smem writes -> visible to the TMA engine
+          named_bar_sync(bar_id, 128);
+          if (tid == 0 && tile_row0 < ep.M) {
+#pragma unroll
+            for (int sub = 0; sub < 2; ++sub) {
+              const int gc = col_base + 64 * h + 32 * sub;
+              if (gc < ep.N) tma_store_2d(tma_out, ctile + sub * (64 * 128), gc, tile_row0);
+            }
+            if (h == 0) store_strip();
+            bulk_commit();
+          }
+        }
+      } else {
+        constexpr int W = 64;  // 16-bit elements per 128-byte swizzle row
+        const EpiMode mode = epi_mode(ep);
+        const int w = tid / 32;
+        if (ep.out_kind == 1) stage_16bit_mode<BN, true, PACK_FIRST>(mode, acc, pf, vs, vb, ctile, strip, lane, w);
+        else stage_16bit_mode<BN, false, PACK_FIRST>(mode, acc, pf, vs, vb, ctile, strip, lane, w);
+        fence_proxy_async();  // generic-proxy smem writes -> visible to the TMA engine
+        named_bar_sync(bar_id, 128);
+        if (tid == 0 && tile_row0 < ep.M) {
+#pragma unroll
+          for (int sub = 0; sub < staged_cols<BN>() / W; ++sub) {
+            const int gc = col_base + sub * W;
+            if (gc < ep.N) tma_store_2d(tma_out, ctile + sub * (64 * 128), gc, tile_row0);
+          }
+          store_strip();
+          bulk_commit();
+        }
+      }
+      return;
+    }
+    // Direct (clipped) global stores.
+    const bool pair_ok = (ep.N % 2) == 0;
+    const int col0 = col_base + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int c = col0 + 8 * j;
+      if (c >= ep.N) continue;
+      const int lc = c - col_base;
+      const bool c1 = c + 1 < ep.N;
+      const float s0 = vs[lc], s1 = vs[lc + 1], b0 = vb[lc], b1 = vb[lc + 1];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = row0 + 8 * i;
+        if (r >= ep.M) continue;
+        const long idx = static_cast<long>(r) * ep.N + c + out_off;
+        const auto [v0, v1] = epi_pair<BN>(acc, pf, j, i, s0, s1, b0, b1);
+        if (pair_ok) {  // c is even, so idx is even: 2-element vector store is aligned
+          store_two(ep.out, ep.out_kind, idx, v0, v1);
+        } else {
+          store_one(ep.out, ep.out_kind, idx, v0);
+          if (c1) store_one(ep.out, ep.out_kind, idx + 1, v1);
+        }
+      }
+    }
+  } else {
+    // kernel rows = output cols n, kernel cols = output rows m: out[m, n] = acc[n-row, m-col].
+    const int col0 = col_base + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int m = col0 + 8 * j + e;
+        if (m >= ep.M) continue;
+        const float sm = vec[m - col_base];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int n = row0 + 8 * i;
+          if (n >= ep.N) continue;
+          const long idx = static_cast<long>(m) * ep.N + n + out_off;
+          store_one(ep.out, ep.out_kind, idx, acc[4 * j + 2 * i + e] * (pf.row_scale[i] * sm) + pf.row_bias[i]);
+        }
+      }
+    }
+  }
+}
+
+// End of a tile for one consumer warpgroup: once its previous TMA store has finished reading ctile
+// (bulk_wait_read0) and every thread passed barrier bar_id (the warpgroup's own named barrier, 128
+// threads: nobody still reads vec / ctile of the previous tile), publish this tile's column
+// scales/bias to vec, barrier again (vec complete), then the epilogue.
+template <int BN, bool SWAP, bool PACK_FIRST = true>
+__device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const EpiParams& ep, const EpiPrefetch<BN>& pf,
+                                            float* vec, uint8_t* ctile, const CUtensorMap* tma_out, int row0,
+                                            int col_base, int lr0, int lane, int tid, int bar_id, int tile_row0,
+                                            long out_off = 0) {
+  if (!SWAP && tid == 0) bulk_wait_read0();
+  named_bar_sync(bar_id, 128);
+  const EpiMode mode = SWAP ? EpiMode::kGeneral : epi_mode(ep);
+  epi_publish_cols<BN>(vec, pf, tid, mode == EpiMode::kFolded,
+                       mode == EpiMode::kFolded || mode == EpiMode::kColScale);
+  named_bar_sync(bar_id, 128);
+  epilogue<BN, SWAP, PACK_FIRST>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0,
+                                 out_off);
+}
+
+}  // namespace fp8sm90

@@ -1,0 +1,164 @@
+// The sm90 GEMM's main loop: one 128-wide k-block as four wgmma k32 steps, the FP32 promotion, the
+// two-accumulator consumer loop (mainloop_double), the stage barriers and the producer thread's TMA
+// loads (B multicast on 2-CTA clusters).
+#pragma once
+#include <cstdint>
+
+#include "sm90_ptx.cuh"
+#include "sm90_tile.cuh"
+#include "sm90_wgmma.cuh"
+
+namespace fp8sm90 {
+
+// One 128-wide k-block = 4 wgmma k32 steps. NACC accumulators: steps are split evenly among them
+// (NACC = 1: all four into one; 2: two each; 4: one each), each starting from zero, so the tensor
+// core's reduced-precision accumulation spans at most 128 / NACC of K before the FP32 promotion.
+template <int BN, int NACC, int FA, int FB>
+__device__ __forceinline__ void issue_kblock(float (&acc)[NACC][BN / 2], const uint8_t* a_tile, const uint8_t* b_tile) {
+  const uint64_t da = make_desc_sw128(a_tile);
+  const uint64_t db = make_desc_sw128(b_tile);
+#pragma unroll
+  for (int q = 0; q < NACC; ++q)
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) fence_reg(acc[q][i]);
+  wgmma_fence();
+  constexpr int kSteps = kBK / 32;
+  constexpr int kPer = kSteps / NACC;
+#pragma unroll
+  for (int k = 0; k < kSteps; ++k) {
+    // +32 bytes along K inside the 128-byte swizzled row = +2 in the descriptor's 16-byte units.
+    wgmma_fp8<BN, FA, FB>(acc[k / kPer], da + 2 * k, db + 2 * k, k % kPer);  // first step per acc: scale-d = 0
+  }
+  wgmma_commit();
+}
+
+// Arrive on the empty barrier of stage `s` once per warp, on every CTA that writes into this stage:
+// with clusters, lane r arrives on CTA r's (both CTAs multicast into both), in parallel.
+template <int CL>
+__device__ __forceinline__ void release_stage(uint64_t* empty, int s, int lane) {
+  if constexpr (CL == 1) {
+    if (lane == 0) mbar_arrive(&empty[s]);
+  } else {
+    if (lane < CL) mbar_arrive_cluster(&empty[s], lane);
+  }
+}
+
+// FP32 promotion: fin += the k-block's partial sums (NACC accumulators).
+template <int BN, int NACC>
+__device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC][BN / 2]) {
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) {
+#pragma unroll
+    for (int q = 0; q < NACC; ++q) fence_reg(acc[q][i]);
+    float part = acc[0][i];
+#pragma unroll
+    for (int q = 1; q < NACC; ++q) part += acc[q][i];
+    fin[i] += part;
+  }
+}
+
+// DBL: two accumulators; k-block i+1's wgmmas are issued before k-block i is promoted
+// (wgmma.wait_group 1), so the tensor core always has this warpgroup's next k-block queued. The
+// roles of the two accumulators are fixed in each half of the loop body (no run-time indexing). The
+// two halves are written out on purpose: folded into one lambda with the accumulators as arguments,
+// ptxas no longer proves the pipeline and serializes every wgmma (C7514 + C7517, nvcc 13.0).
+// after_first() runs right after the first k-block's wgmmas are issued (the tile's epilogue prefetch:
+// its address arithmetic and loads then overlap the MMAs instead of delaying the first issue).
+template <int BN, int CL, int FA, int FB, int S, int kStageA, int kStageB, class AfterFirst>
+__device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint8_t* sA, const uint8_t* sB,
+                                                uint64_t* full, uint64_t* empty, int& stage, uint32_t& phase,
+                                                int num_kb, int lane, AfterFirst&& after_first) {
+  float a0[1][BN / 2], a1[1][BN / 2];
+  auto advance = [&]() {
+    if (++stage == S) {
+      stage = 0;
+      phase ^= 1;
+    }
+  };
+  mbar_wait(&full[stage], phase);
+  issue_kblock<BN, 1, FA, FB>(a0, sA + stage * kStageA, sB + stage * kStageB);
+  after_first();  // work of the tile start that can run while the first k-block's MMAs do
+  int prev = stage;
+  advance();
+  for (int kb = 1;; ++kb) {
+    if (kb == num_kb) {
+      wgmma_wait<0>();
+      release_stage<CL>(empty, prev, lane);
+      promote<BN, 1>(fin, a0);
+      break;
+    }
+    mbar_wait(&full[stage], phase);
+    issue_kblock<BN, 1, FA, FB>(a1, sA + stage * kStageA, sB + stage * kStageB);
+    wgmma_wait<1>();
+    release_stage<CL>(empty, prev, lane);
+    promote<BN, 1>(fin, a0);
+    prev = stage;
+    advance();
+    if (++kb == num_kb) {
+      wgmma_wait<0>();
+      release_stage<CL>(empty, prev, lane);
+      promote<BN, 1>(fin, a1);
+      break;
+    }
+    mbar_wait(&full[stage], phase);
+    issue_kblock<BN, 1, FA, FB>(a0, sA + stage * kStageA, sB + stage * kStageB);
+    wgmma_wait<1>();
+    release_stage<CL>(empty, prev, lane);
+    promote<BN, 1>(fin, a1);
+    prev = stage;
+    advance();
+  }
+}
+
+// Thread 0: prefetch the operand tensor maps and initialise the stage barriers.
+//   full[s]:  1 arrival (the producer's arrive.expect_tx) + the stage's TMA bytes; consumers wait on it.
+//   empty[s]: one arrival per consumer warp (2 warpgroups x 4 warps) of every CTA reading the stage;
+//             the producer waits on it before refilling the stage.
+template <int S, int CL>
+__device__ __forceinline__ void init_stage_barriers(const CUtensorMap* tma_a, const CUtensorMap* tma_b,
+                                                    uint64_t* full, uint64_t* empty) {
+  tma_prefetch_desc(tma_a);
+  tma_prefetch_desc(tma_b);
+#pragma unroll
+  for (int s = 0; s < S; ++s) {
+    mbar_init(&full[s], 1);
+    mbar_init(&empty[s], 8 * CL);  // one arrival per consumer warp (2 warpgroups x 4 warps) per CTA
+  }
+  fence_mbar_init();
+  fence_proxy_async();
+}
+
+// The producer thread: for every tile of this CTA, every k-block: wait until the stage is empty, then
+// load A (128 rows) and B (BN rows; with clusters half of it, multicast) into it, completing on full[].
+template <int BN, int CL, int S, int kStageA, int kStageB, int kStage, bool SPLIT = false>
+__device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CUtensorMap* tma_b, uint8_t* sA,
+                                              uint8_t* sB, uint64_t* full, uint64_t* empty, int first_tile,
+                                              int num_tiles, int tile_step, int num_mp, int num_kb,
+                                              uint32_t rank, const EpiParams& ep) {
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int t = first_tile; t < num_tiles; t += tile_step) {
+    int tile, split, kb0, nkb, mb, nb;
+    split_tile<SPLIT>(t, ep, num_kb, tile, split, kb0, nkb);
+    tile_coords(tile, num_mp, ep, mb, nb);
+    mb = mb * CL + rank;
+    for (int kb = kb0; kb < kb0 + nkb; ++kb) {
+      mbar_wait(&empty[stage], phase ^ 1);
+      mbar_arrive_expect_tx(&full[stage], kStage);  // OOB parts are zero-filled and still counted
+      tma_load_2d(sA + stage * kStageA, tma_a, &full[stage], kb * kBK, mb * kBM);
+      if constexpr (CL == 1) {
+        tma_load_2d(sB + stage * kStageB, tma_b, &full[stage], kb * kBK, nb * BN);
+      } else {
+        constexpr int kHalf = BN / 2;
+        tma_load_2d_mc(sB + stage * kStageB + rank * kHalf * kBK, tma_b, &full[stage], kb * kBK,
+                       nb * BN + rank * kHalf, static_cast<uint16_t>(0x3));
+      }
+      if (++stage == S) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+  }
+}
+
+}  // namespace fp8sm90
