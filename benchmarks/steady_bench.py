@@ -115,7 +115,7 @@ def main() -> int:
     kern = kernels_module()
     e4, bf = torch.float8_e4m3fn, torch.bfloat16
     rows = []
-    extra = "".join(f" {c:>7}" for c in cols)
+    extra = "".join(f" {c:>8}" for c in cols)
     print(f"{'M':>6}{'N':>7}{'K':>7} | {'ours':>6} {'cuBLASLt':>8}{extra} | ratio   (TFLOPS, steady state)", flush=True)
     warm_up(args.warm)
     for m, n, k in shapes:
@@ -134,7 +134,7 @@ def main() -> int:
         times = time_rounds(fns, args.rounds, args.burn, args.rep)
         tf = {key: 2 * m * n * k / (min(ts) * 1e-3) / 1e12 for key, ts in times.items()}
         rows.append({"M": m, "N": n, "K": k, "ms": times, "tflops": tf, "ratio": tf["ours"] / tf["cublas"]})
-        ex = "".join(f" {tf[c]:7.0f}" for c in cols)
+        ex = "".join(f" {tf[c]:8.0f}" for c in cols)
         print(f"{m:>6}{n:>7}{k:>7} | {tf['ours']:6.0f} {tf['cublas']:8.0f}{ex} | {tf['ours'] / tf['cublas']:.3f}", flush=True)
         del a, b
     g = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
