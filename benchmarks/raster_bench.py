@@ -77,6 +77,7 @@ def main() -> int:
         os.environ.pop(ENV_EVEN, None)
         tf = {key: 2 * m * n * k / (min(ts) * 1e-3) / 1e12 for key, ts in times.items()}
         rows.append({"M": m, "N": n, "K": k, "tflops": tf})
+        spec = f"{m}x{n}x{k}"
         print(f"{spec:>18} {tf['cublas']:8.0f} | " + " ".join(f"{tf[k]:8.0f}" for k in keys), flush=True)
         del a, b
     for key in keys:

@@ -7,12 +7,15 @@ both sides are measured in the same (power-limited) steady state; candidates alt
 the best of the rounds' medians is reported for each.
 
 Usage: python benchmarks/steady_bench.py [--set five|judged] [--shapes 6144x6144x1280,...] [--configs 7,10]
-       [--per-channel] [--burn 0.5] [--rep 400] [--rounds 2] [--json out.json]
+       [--env FP8_LINEAR_SM90_WG_LAG=0,2] [--per-channel] [--burn 0.5] [--rep 400] [--rounds 2] [--json out.json]
 
 ``--set judged`` is issue 4's set (the 27 shapes of benchmarks/gemm.py with M >= 2048); ``--shapes``
 replaces the set by the listed M x N x K shapes. ``--configs`` adds forced kernel configs as further
 candidates (same data, same rotation); with ``--per-channel`` each forced config is also timed with
-per-channel weight scales, and its per-channel cost is printed.
+per-channel weight scales, and its per-channel cost is printed. ``--env NAME=v1,v2`` adds our auto
+config once per value with the environment variable set to it around each call (run-time kernel
+switches the host reads at every launch, e.g. FP8_LINEAR_SM90_WG_LAG); columns ``env<v1>``, ``env<v2>``
+(and ``env<v1>_ch`` ... with ``--per-channel``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import pathlib
 import sys
 import time
@@ -70,6 +74,16 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return shapes
 
 
+def parse_env_sweep(spec: str) -> tuple[str, list[str]]:
+    """``NAME=v1,v2,...`` -> (NAME, [v1, v2, ...]); ValueError unless NAME is an identifier and at
+    least one non-empty value follows."""
+    name, sep, values = spec.partition("=")
+    vals = [v.strip() for v in values.split(",")]
+    if not sep or not name.strip().isidentifier() or not vals or any(not v for v in vals):
+        raise ValueError(f"--env {spec!r}: expected NAME=v1,v2,...")
+    return name.strip(), vals
+
+
 def paired_cost(ms_ch: list[float], ms_t: list[float]) -> float:
     """Mean over rounds of (per-channel time / per-tensor time) - 1: the two measured in the same round,
     so in the same thermal state."""
@@ -101,6 +115,7 @@ def main() -> int:
     ap.add_argument("--set", choices=("five", "judged"), default="five")
     ap.add_argument("--shapes", default="", help="comma-separated MxNxK shapes instead of --set")
     ap.add_argument("--configs", default="", help="comma-separated forced config ids to time as well")
+    ap.add_argument("--env", default="", help="NAME=v1,v2,...: our auto config once per value of NAME")
     ap.add_argument("--per-channel", action="store_true",
                     help="also time ours with per-channel weight scales (issue 4's per-channel cost bar)")
     ap.add_argument("--warm", type=float, default=3.0,
@@ -111,7 +126,10 @@ def main() -> int:
     else:
         shapes = FIVE if args.set == "five" else [(m, n, k) for _, m, n, k in shape_set(False) if m >= 2048]
     forced = [int(c) for c in args.configs.split(",") if c.strip()]
-    cols = [f"cfg{c}" for c in forced] + ([f"cfg{c}_ch" for c in forced] + ["ours_ch"] if args.per_channel else [])
+    env_name, env_vals = parse_env_sweep(args.env) if args.env else ("", [])
+    cols = [f"cfg{c}" for c in forced] + [f"env{v}" for v in env_vals]
+    if args.per_channel:
+        cols += [f"cfg{c}_ch" for c in forced] + [f"env{v}_ch" for v in env_vals] + ["ours_ch"]
     kern = kernels_module()
     e4, bf = torch.float8_e4m3fn, torch.bfloat16
     rows = []
@@ -126,10 +144,23 @@ def main() -> int:
                "cublas": lambda: torch._scaled_mm(a, b.t(), scale_a=s1.reshape(()), scale_b=s2.reshape(()), out_dtype=bf)}
         for c in forced:
             fns[f"cfg{c}"] = lambda c=c: kern.sm90_gemm(a, b, s1, s2, None, bf, c)
+        s2c = torch.rand(n, 1, device="cuda") + 0.5
+
+        def with_env(v, sb):
+            def fn():
+                os.environ[env_name] = v
+                try:
+                    return kern.sm90_gemm(a, b, s1, sb, None, bf)
+                finally:
+                    os.environ.pop(env_name, None)
+            return fn
+        for v in env_vals:
+            fns[f"env{v}"] = with_env(v, s2)
         if args.per_channel:
-            s2c = torch.rand(n, 1, device="cuda") + 0.5
             for c in forced:
                 fns[f"cfg{c}_ch"] = lambda c=c: kern.sm90_gemm(a, b, s1, s2c, None, bf, c)
+            for v in env_vals:
+                fns[f"env{v}_ch"] = with_env(v, s2c)
             fns["ours_ch"] = lambda: kern.sm90_gemm(a, b, s1, s2c, None, bf)
         times = time_rounds(fns, args.rounds, args.burn, args.rep)
         tf = {key: 2 * m * n * k / (min(ts) * 1e-3) / 1e12 for key, ts in times.items()}
@@ -155,6 +186,14 @@ def main() -> int:
         print(f"per-channel cost, paired per round: mean {100 * sum(paired) / len(paired):+.1f}%, worst "
               f"{100 * paired[worst]:+.1f}% ({w['M']} x {w['N']} x {w['K']}), shapes over 3%: "
               f"{sum(p > 0.03 for p in paired)}")
+    if args.per_channel:
+        for v in env_vals:
+            paired_v = [paired_cost(r["ms"][f"env{v}_ch"], r["ms"][f"env{v}"]) for r in rows]
+            print(f"{env_name}={v}: per-channel cost, paired per round: mean {100 * sum(paired_v) / len(paired_v):+.1f}%, "
+                  f"worst {100 * max(paired_v):+.1f}%")
+    for v in env_vals:
+        gv = math.exp(sum(math.log(r["tflops"][f"env{v}"] / r["tflops"]["cublas"]) for r in rows) / len(rows))
+        print(f"geomean {env_name}={v}/cuBLASLt over {len(rows)} shapes: {gv:.3f}")
     for c in forced:
         gc = math.exp(sum(math.log(r["tflops"][f"cfg{c}"] / r["tflops"]["cublas"]) for r in rows) / len(rows))
         print(f"geomean config {c}/cuBLASLt over {len(rows)} shapes: {gc:.3f}")

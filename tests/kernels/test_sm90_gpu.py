@@ -191,12 +191,14 @@ def test_every_config(cfg, m, n, k, out_dtype):
 #: The 16-bit TMA-store epilogue has three modes (sm90_epilogue.cuh, EpiMode): with a bias (scales and biases
 #: from shared memory), per-channel scale_b without bias, per-tensor scale_b without bias (one factor per
 #: row). The formula is the same, so a zero bias (general mode) and no bias must give the same bits,
-#: negative zeros included (x * s + 0 in every mode).
+#: negative zeros included (x * s + 0 in every mode). The second shape gives every CTA several tiles
+#: and a column tail: the per-channel scales that the two-accumulator configs keep in registers from
+#: each tile start (EpiPrefetch::col_pre) must be the right tile's.
 @pytest.mark.parametrize("cfg", LARGE_CFGS)
 @pytest.mark.parametrize("ska, skb", SCALES)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
-def test_epilogue_modes_bitwise(cfg, ska, skb, out_dtype):
-    m, n, k = 300, 424, 512
+@pytest.mark.parametrize("m, n, k", [(300, 424, 512), (2100, 1832, 640)])
+def test_epilogue_modes_bitwise(cfg, ska, skb, out_dtype, m, n, k):
     a, b, sa, sb, _ = make_inputs(m, n, k, E4, E4, ska, skb)
     a = a.float()
     a[:7] = 0  # rows of exact zeros

@@ -24,3 +24,13 @@ def test_parse_shapes_rejects_malformed(bad):
 def test_paired_cost_is_mean_of_per_round_ratios():
     # round 1: 1.1 / 1.0, round 2: 1.5 / 1.25 -> mean of 1.1 and 1.2, minus one
     assert steady_bench.paired_cost([1.1, 1.5], [1.0, 1.25]) == pytest.approx(0.15)
+
+
+def test_parse_env_sweep_reads_name_and_values():
+    assert steady_bench.parse_env_sweep("FP8_LINEAR_SM90_WG_LAG=0, 2,3") == ("FP8_LINEAR_SM90_WG_LAG", ["0", "2", "3"])
+
+
+@pytest.mark.parametrize("bad", ["NOVALUES", "A=", "A=1,,2", "=1,2", "1A=3"])
+def test_parse_env_sweep_rejects_malformed(bad):
+    with pytest.raises(ValueError, match="NAME=v1"):
+        steady_bench.parse_env_sweep(bad)
