@@ -140,6 +140,29 @@ def test_select_config_wave_model(monkeypatch):
     assert configs.select_config(512, 6144, 4096).id == 6
     # one wave either way (few tiles): the narrower tile finishes first
     assert configs.select_config(128, 4096, 4096).id == 7
+    # short K: 18 waves of 128 x 128 against 16 of 128 x 144, and config 10's wider epilogue (2.25
+    # k-blocks a tile) weighs more over 10 k-blocks (measured: config 7 1-4% faster, session 9)
+    assert configs.select_config(6144, 6144, 1280).id == 7
+
+
+def test_config10_overhead_moves_only_the_short_k_shape(monkeypatch):
+    """Session 9 raised config 10's tile overhead from 2.0 to 2.25 k-blocks for 6144^2 x 1280; on the
+    68 shapes of benchmarks/gemm.py that is the only choice it changes."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    from gemm import shape_set
+
+    monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
+    shapes = [(m, n, k) for _, m, n, k in shape_set(False)]
+    assert len(shapes) == 68
+    now = {s: configs.select_config(*s).id for s in shapes}
+    old = list(configs.LARGE_M_CANDIDATES)
+    old[-1] = (10, old[-1][1], 2.0)
+    monkeypatch.setattr(configs, "LARGE_M_CANDIDATES", tuple(old))
+    before = {s: configs.select_config(*s).id for s in shapes}
+    assert {s for s in shapes if now[s] != before[s]} == {(6144, 6144, 1280)}
 
 
 def test_config_table_matches_header():
