@@ -13,7 +13,10 @@ Columns: TFLOPS, mean SM MHz, mean W, pJ per FLOP (mean W / FLOP rate; NVML's en
 used at first, lagged the window and disagreed by a few %), and "util" = FLOP per clock over the dense FP8
 peak per clock (8192 FLOP / clk / SM x SM count).
 
-Usage: python benchmarks/energy_bench.py [--shapes 8192x8192x8192,...] [--configs 7,10,11]
+``--per-channel`` adds ``auto_ch``: the auto config with per-channel weight scales (is per-channel's
+extra time at long K a lower clock, i.e. more energy per FLOP, or fewer FLOP per clock?).
+
+Usage: python benchmarks/energy_bench.py [--shapes 8192x8192x8192,...] [--configs 7,10,11] [--per-channel]
        [--burn 0.6] [--window 1.0] [--rounds 2] [--json out.json]
 """
 
@@ -105,6 +108,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated MxNxK")
     ap.add_argument("--configs", default="7,10,11", help="forced sm90 config ids (besides auto and cuBLASLt)")
+    ap.add_argument("--per-channel", action="store_true", help="also the auto config with per-channel scale_b")
     ap.add_argument("--burn", type=float, default=0.6)
     ap.add_argument("--window", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=2)
@@ -125,6 +129,9 @@ def main() -> int:
                "auto": lambda: kern.sm90_gemm(a, b, s1, s2, None, bf)}
         for c in (int(x) for x in args.configs.split(",") if x.strip()):
             fns[f"cfg{c}"] = lambda c=c: kern.sm90_gemm(a, b, s1, s2, None, bf, c)
+        if args.per_channel:
+            s2c = torch.rand(n, 1, device="cuda") + 0.5
+            fns["auto_ch"] = lambda: kern.sm90_gemm(a, b, s1, s2c, None, bf)
         res = {key: [] for key in fns}
         order = list(fns)
         for rnd in range(args.rounds):
