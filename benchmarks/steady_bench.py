@@ -7,14 +7,14 @@ both sides are measured in the same (power-limited) steady state; candidates alt
 the best of the rounds' medians is reported for each.
 
 Usage: python benchmarks/steady_bench.py [--set five|judged] [--shapes 6144x6144x1280,...] [--configs 7,10]
-       [--env FP8_LINEAR_SM90_WG_LAG=0,2] [--per-channel] [--burn 0.5] [--rep 400] [--rounds 2] [--json out.json]
+       [--env FP8_LINEAR_SM90_GROUP_M=8,16] [--per-channel] [--burn 0.5] [--rep 400] [--rounds 2] [--json out.json]
 
 ``--set judged`` is issue 4's set (the 27 shapes of benchmarks/gemm.py with M >= 2048); ``--shapes``
 replaces the set by the listed M x N x K shapes. ``--configs`` adds forced kernel configs as further
 candidates (same data, same rotation); with ``--per-channel`` each forced config is also timed with
 per-channel weight scales, and its per-channel cost is printed. ``--env NAME=v1,v2`` adds our auto
 config once per value with the environment variable set to it around each call (run-time kernel
-switches the host reads at every launch, e.g. FP8_LINEAR_SM90_WG_LAG); columns ``env<v1>``, ``env<v2>``
+switches the host reads at every launch, e.g. FP8_LINEAR_SM90_GROUP_M); columns ``env<v1>``, ``env<v2>``
 (and ``env<v1>_ch`` ... with ``--per-channel``).
 """
 

@@ -57,8 +57,7 @@ LARGE_M_CONFIG = 7
 #: Checked again after config 7 got its sixth stage (session 4, run 3, forced 7 and 10 on the 27 shapes):
 #: this choice gives 0.986 of cuBLASLt, the per-shape best 0.988, a refit 0.987; left as it is.
 #: Config 10's overhead is 2.25 k-blocks since session 9 (its epilogue is wider: 144 columns, 16 of them
-#: through a second TMA store): at K = 1280 (6144^2 x 1280, the one shape of the set where the two were
-#: within 2% of each other in the model) config 7 was the faster in every measurement since session 4:
+#: through a second TMA store): at 6144^2 x 1280 config 7 was level or faster in every measurement since session 4:
 #: forced steady 7/10 1.008, 1.022, 0.999 (sessions 4-5), 1.020 and 1.042 (session 9, runs 1-2), ncu
 #: 131.7 vs 135.2 kilocycles (session 9, run 2) and 83.71 vs 84.90 us (session 8, run 2). Over the 68
 #: shapes of benchmarks/gemm.py the change moves only that one (tests/kernels/test_sm90_logic.py).

@@ -192,8 +192,7 @@ def test_every_config(cfg, m, n, k, out_dtype):
 #: from shared memory), per-channel scale_b without bias, per-tensor scale_b without bias (one factor per
 #: row). The formula is the same, so a zero bias (general mode) and no bias must give the same bits,
 #: negative zeros included (x * s + 0 in every mode). The second shape gives every CTA several tiles
-#: and a column tail: the per-channel scales that the two-accumulator configs keep in registers from
-#: each tile start (EpiPrefetch::col_pre) must be the right tile's.
+#: and a column tail: each tile's prefetched scales and published column vectors must be that tile's.
 @pytest.mark.parametrize("cfg", LARGE_CFGS)
 @pytest.mark.parametrize("ska, skb", SCALES)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])

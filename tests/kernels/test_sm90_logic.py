@@ -158,9 +158,9 @@ def test_config10_overhead_moves_only_the_short_k_shape(monkeypatch):
     shapes = [(m, n, k) for _, m, n, k in shape_set(False)]
     assert len(shapes) == 68
     now = {s: configs.select_config(*s).id for s in shapes}
-    old = list(configs.LARGE_M_CANDIDATES)
-    old[-1] = (10, old[-1][1], 2.0)
-    monkeypatch.setattr(configs, "LARGE_M_CANDIDATES", tuple(old))
+    old = tuple((cid, rel, 2.0 if cid == 10 else ov) for cid, rel, ov in configs.LARGE_M_CANDIDATES)
+    assert old != configs.LARGE_M_CANDIDATES
+    monkeypatch.setattr(configs, "LARGE_M_CANDIDATES", old)
     before = {s: configs.select_config(*s).id for s in shapes}
     assert {s for s in shapes if now[s] != before[s]} == {(6144, 6144, 1280)}
 

@@ -27,7 +27,7 @@ def test_paired_cost_is_mean_of_per_round_ratios():
 
 
 def test_parse_env_sweep_reads_name_and_values():
-    assert steady_bench.parse_env_sweep("FP8_LINEAR_SM90_WG_LAG=0, 2,3") == ("FP8_LINEAR_SM90_WG_LAG", ["0", "2", "3"])
+    assert steady_bench.parse_env_sweep("FP8_LINEAR_SM90_GROUP_M=8, 16,32") == ("FP8_LINEAR_SM90_GROUP_M", ["8", "16", "32"])
 
 
 @pytest.mark.parametrize("bad", ["NOVALUES", "A=", "A=1,,2", "=1,2", "1A=3"])
