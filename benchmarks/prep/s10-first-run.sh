@@ -5,7 +5,7 @@
 # +4-6% slower, shared-memory wavefronts -75%) and v20 (the operands loaded before the last k-block's
 # drain: per-tensor up to +3.7% slower, per-channel unchanged). ncu source counters (stall reasons per
 # SASS line) of config 7 at 6144^2 x 1280, per-tensor and per-channel, for each of the three builds; the
-# patches are applied with `patch -p1` on the device's copy and reverted after. Compare locally with
+# patches are applied on the device's copy (git apply, or patch -p1) and reverted after. Compare locally with
 #   python benchmarks/ncu_source_diff.py A.csv B.csv --top 25
 # Then: run(command="bash benchmarks/prep/s10-first-run.sh")   -- six CSVs + build log in $OUT
 source benchmarks/device_prelude.sh
@@ -25,8 +25,9 @@ src() {  # $1: build name; writes src-$1-t.csv and src-$1-ch.csv
 src v16
 for p in run5/v19-col-pre.patch run6/v20-next-tile-prefetch.patch; do
   name=$(basename $p .patch | cut -d- -f1)
-  patch -p1 -s < benchmarks/results/session9/$p || { echo "patch $p failed"; continue; }
+  f=benchmarks/results/session9/$p
+  git apply $f 2>/dev/null || patch -p1 -s < $f || { echo "applying $p failed"; continue; }
   build && echo "$name built at $(el) s" && src $name
-  patch -p1 -R -s < benchmarks/results/session9/$p
+  git apply -R $f 2>/dev/null || patch -p1 -R -s < $f
 done
 echo "=== end $(el) s"
