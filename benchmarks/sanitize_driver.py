@@ -31,7 +31,8 @@ def main() -> int:
     shapes = [(1, 72, 48), (7, 200, 16), (129, 8, 1040), (64, 136, 272), (200, 264, 400)]
     # More 128 x 128 tiles (144, 153) than SMs, so CTAs cross tile boundaries (the reuse of the epilogue's
     # staging, config 9's pipeline across tiles): one, an even and an odd number of k-blocks per tile.
-    # Only for the default large-M config and the schedule variants (overlap, carry): these shapes are ~40x the outputs of
+    # Only for the default large-M config, the schedule variants (overlap, carry) and the swapped large-M config
+    # (its transposed staging; with N = 2000 its tiles cross the weight's rows): these shapes are ~40x the outputs of
     # the small ones, and racecheck's time grows with the shared-memory stores of the epilogue.
     multi_tile = [(1100, 2000, 112), (1030, 2056, 256), (1100, 2000, 384)]
     bad = 0
@@ -40,7 +41,8 @@ def main() -> int:
     for cfg in cfgs:
         c = configs.CONFIGS[cfg]
         cfg_shapes = [(*s, None) for s in shapes]
-        cfg_shapes += [(*s, None) for s in multi_tile] if c.overlap or c.carry or c.id == configs.LARGE_M_CONFIG else []
+        cfg_shapes += [(*s, None) for s in multi_tile] if (c.overlap or c.carry or c.id == configs.LARGE_M_CONFIG
+                                                               or (c.swap_ab and c.block_n >= 128)) else []
         # split K forced (17 k-blocks -> 5 ranges of 4, the last of 1; M / N tails) where the config can split
         cfg_shapes += [(70, 300, 2064, 5)] if c.split_k else []
         for i, (m, n, k, splits) in enumerate(cfg_shapes):

@@ -40,6 +40,7 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(11, 144, False, 1, 2, True),  # 10 on 2-CTA clusters, B multicast (v11)
     KernelConfig(12, 128, False, 1, 1, True, carry=True),  # 7, next tile's kb 0 under the epilogue (v13): = 7 (+0.2%)
     KernelConfig(13, 144, False, 1, 1, True, carry=True),  # 10, the same (v13): = 10 (+0.1%, session 5 run 1)
+    KernelConfig(14, 128, True, 1, 1, True),  # 7 with A/B swapped: per-channel scale_b as a row scale (v21)
 )
 
 #: Config for M > 64 when no candidate below is better (the large-M workhorse): 128 x 128 with two

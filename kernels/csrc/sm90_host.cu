@@ -187,7 +187,10 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   if (const char* e = make_map(&la.tma_a, ka, la.rows_a, g.K, kBM)) return e;
   if (const char* e = make_map(&la.tma_b, kb, la.rows_b, g.K, bn / cluster)) return e;
   const int esize = g.out_kind == 0 ? 4 : 2;
-  la.ep.tma_store = (!swap && !split && (static_cast<long>(g.N) * esize) % 16 == 0 &&
+  // TMA stores: the non-swapped configs, and the swapped 128-wide one (config 14) for 16-bit outputs
+  // (transposed staging, see stage_tile_16bit_swap); other swapped launches store directly.
+  const bool swap_tma = swap && bn == 128 && g.out_kind != 0;
+  la.ep.tma_store = ((!swap || swap_tma) && !split && (static_cast<long>(g.N) * esize) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(g.out) % 16 == 0 && g.force_direct_store == 0)
                         ? 1
                         : 0;

@@ -26,7 +26,11 @@ namespace fp8sm90 {
 //                             epilogue (CARRY; even k-block counts, else config 7's kernel; prepared,
 //                             not yet run on a device, not selected)
 //   13 : (144, false, 1, 1)   as 10 with CARRY (else config 10's kernel; prepared, not selected)
-enum { kNumConfigs = 14 };
+//   14 : (128, true,  1, 1)   as 7 with A/B swapped (the weight's N on wgmma's M side) for large M: the
+//                             per-channel scale_b is then a per-thread row scale (two values per thread,
+//                             loaded at the tile start) instead of a column vector read in the epilogue;
+//                             16-bit outputs through a transposed TMA store (stmatrix .trans)
+enum { kNumConfigs = 15 };
 
 struct GemmArgs {
   const void* a;  // [M, K] fp8, K-contiguous

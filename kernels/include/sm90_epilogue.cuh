@@ -239,6 +239,48 @@ __device__ __forceinline__ void stage_16bit_mode(EpiMode mode, const float (&acc
   }
 }
 
+// Swapped 16-bit output tile of one warpgroup (swap_tma_store configs): the warpgroup's 64 kernel rows
+// are output columns n, its BN kernel columns output rows m. Value pair (acc[4j + 2i], acc[4j + 2i + 1])
+// is kernel row r = 16 * warp + lane / 4 + 8i (n), kernel columns c, c + 1 = 8j + 2 (lane % 4) (+1) (m):
+// acc * (row scale [= scale_b[n]] x column scale [= scale_a[m]]) + row bias [= bias[n]], the direct
+// path's formula bit for bit. The fragment of 8 x 8 matrix (j, i) goes through stmatrix .trans to rows
+// m = 8j + (0..7), 16-byte chunk n / 8 = 2 * warp + i of the staging tile [BN rows m][64 columns n]
+// (128 bytes per row, chunk index XOR row % 8: the 128-byte swizzle of the output tensor map).
+// COLVEC: per-token scale_a, read from the shared column vector vs; otherwise the per-tensor
+// scale_a (pf.col_scale[0]) folds into one factor per thread row and the epilogue loads nothing.
+template <int BN, bool BF16, bool COLVEC>
+__device__ __forceinline__ void stage_tile_16bit_swap(const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf,
+                                                      const float* vs, uint8_t* ctile, int lane, int warp) {
+  static_assert(BN % 16 == 0, "the epilogue takes the columns in pairs of 8-column fragments");
+  const int lc = 2 * (lane % 4);
+  const int q_l = lane / 8;  // the matrix this lane addresses in each stmatrix.x4
+  const float k[2] = {pf.row_scale[0] * pf.col_scale[0], pf.row_scale[1] * pf.col_scale[0]};
+  uint32_t packed[BN / 16][4];
+#pragma unroll
+  for (int p = 0; p < BN / 16; ++p) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int j = 2 * p + q / 2, i = q % 2;
+      float v0, v1;
+      if constexpr (COLVEC) {
+        const float2 sc = *reinterpret_cast<const float2*>(vs + 8 * j + lc);
+        v0 = acc[4 * j + 2 * i] * (pf.row_scale[i] * sc.x) + pf.row_bias[i];
+        v1 = acc[4 * j + 2 * i + 1] * (pf.row_scale[i] * sc.y) + pf.row_bias[i];
+      } else {
+        v0 = acc[4 * j + 2 * i] * k[i] + pf.row_bias[i];
+        v1 = acc[4 * j + 2 * i + 1] * k[i] + pf.row_bias[i];
+      }
+      packed[p][q] = pack_16bit<BF16>(v0, v1);
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < BN / 16; ++p) {
+    const int m_l = 8 * (2 * p + q_l / 2) + lane % 8;  // staging row (m) of this lane's address
+    uint8_t* dst = ctile + m_l * 128 + (((2 * warp + q_l % 2) ^ (lane % 8)) << 4);
+    stmatrix_x4_trans(dst, packed[p][0], packed[p][1], packed[p][2], packed[p][3]);
+  }
+}
+
 // Accumulator fragment of wgmma m64nBN (per thread): value acc[4j + 2i + e] sits at
 // row = 16*warp + lane/4 + 8*i, col = 8*j + 2*(lane%4) + e  (of the warpgroup's 64 x BN block).
 // vec: this warpgroup's shared column vectors, [0, BN) scale, [BN, 2BN) bias.
@@ -361,6 +403,29 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
     }
   } else {
     // kernel rows = output cols n, kernel cols = output rows m: out[m, n] = acc[n-row, m-col].
+    if constexpr (swap_tma_store<BN, SWAP>()) {
+      if (ep.tma_store) {  // 16-bit output (the host's rule): transposed staging, then 64-row TMA boxes
+        const int w = tid / 32;
+        const bool colvec = ep.sa_row != 0;
+        if (ep.out_kind == 1) {
+          if (colvec) stage_tile_16bit_swap<BN, true, true>(acc, pf, vec, ctile, lane, w);
+          else stage_tile_16bit_swap<BN, true, false>(acc, pf, vec, ctile, lane, w);
+        } else {
+          if (colvec) stage_tile_16bit_swap<BN, false, true>(acc, pf, vec, ctile, lane, w);
+          else stage_tile_16bit_swap<BN, false, false>(acc, pf, vec, ctile, lane, w);
+        }
+        fence_proxy_async();  // generic-proxy smem writes -> visible to the TMA engine
+        named_bar_sync(bar_id, 128);
+        if (tid == 0 && tile_row0 < ep.N) {  // tile_row0: the warpgroup's first output column n
+#pragma unroll
+          for (int h = 0; h < BN / 64; ++h) {
+            if (col_base + 64 * h < ep.M) tma_store_2d(tma_out, ctile + h * (64 * 128), tile_row0, col_base + 64 * h);
+          }
+          bulk_commit();
+        }
+        return;
+      }
+    }
     const int col0 = col_base + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
@@ -390,7 +455,7 @@ __device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const Ep
                                             float* vec, uint8_t* ctile, const CUtensorMap* tma_out, int row0,
                                             int col_base, int lr0, int lane, int tid, int bar_id, int tile_row0,
                                             long out_off = 0) {
-  if (!SWAP && tid == 0) bulk_wait_read0();
+  if ((!SWAP || swap_tma_store<BN, SWAP>()) && tid == 0) bulk_wait_read0();
   named_bar_sync(bar_id, 128);
   const EpiMode mode = SWAP ? EpiMode::kGeneral : epi_mode(ep);
   epi_publish_cols<BN>(vec, pf, tid, mode == EpiMode::kFolded,

@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       finish_tile<BN, SWAP>(fin, ep, pf, vec, ctile, &tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0,
                             SPLIT ? split * ep.split_stride : 0);
     }
-    if (!SWAP && tid == 0) bulk_wait0();
+    if ((!SWAP || swap_tma_store<BN, SWAP>()) && tid == 0) bulk_wait0();
   }
   // No CTA may leave while its peer can still multicast into it or arrive on its barriers.
   if constexpr (CL > 1) cluster_sync();

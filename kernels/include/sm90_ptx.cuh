@@ -74,6 +74,14 @@ __device__ __forceinline__ void stmatrix_x4(void* dst, uint32_t r0, uint32_t r1,
                : "memory");
 }
 
+// The same with .trans: each 8 x 8 matrix is stored transposed (the fragment's row r, columns c and c + 1
+// land in rows c and c + 1, column r of the destination; the addresses are the destination's rows).
+__device__ __forceinline__ void stmatrix_x4_trans(void* dst, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_u32(dst)),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // Named barrier over `count` threads (id 0 is __syncthreads).
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");

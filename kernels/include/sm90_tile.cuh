@@ -30,7 +30,7 @@ struct EpiParams {
   const void* bias;
   int M, N;  // output dims
   int sa_row, sb_row, bias_kind, out_kind;
-  int tma_store;  // 1: epilogue through shared memory + TMA store (non-swap, N * esize % 16 == 0)
+  int tma_store;  // 1: epilogue through shared memory + TMA store (N * esize % 16 == 0; swapped: swap_tma_store, 16-bit)
   int group_m;    // tile raster group height in row-blocks (kGroupM unless overridden, see sm90_host.cu)
   // Split K (see split_tile): each output tile is computed as `splits` partial sums over consecutive
   // ranges of kb_per_split k-blocks, each stored (fp32, scaled, no bias) at out + split * split_stride;
@@ -56,6 +56,15 @@ constexpr int strip_bytes() {  // per consumer warpgroup
   return 64 * (BN % 64) * 4;
 }
 
+// Swapped configs whose 16-bit output goes through a transposed TMA-store epilogue (stmatrix .trans into
+// a [BN m-rows x 64 n-columns] 128B-swizzled tile per consumer warpgroup, two 64-row TMA boxes): the
+// 128-wide swapped tile (config 14, the large-M kernel with the weight on wgmma's M side). The narrow
+// decode configs (BN 16 / 32 / 64) keep their direct stores.
+template <int BN, bool SWAP>
+constexpr bool swap_tma_store() {
+  return SWAP && BN == 128;
+}
+
 // The kernels' dynamic shared memory. The 1024-byte alignment (the 128B swizzle atom) is declared, not
 // padded for: dynamic shared memory starts at the declared alignment (there is no static shared
 // memory), which keeps the 1 KB that a run-time round-up would need (the 128-wide configs: a 6th stage).
@@ -67,7 +76,9 @@ struct TileCfg {
   static constexpr int kStageB = BN * kBK;
   static constexpr int kStage = kStageA + kStageB;
   // per consumer WG: 64 x staged_cols 16-bit (fp32: 64-column passes)
-  static constexpr int kCTile = SWAP ? 0 : 2 * (64 * staged_cols<BN>() * 2 + strip_bytes<BN>());
+  static constexpr int kCTile = swap_tma_store<BN, SWAP>() ? 2 * BN * 64 * 2
+                                : SWAP                      ? 0
+                                                            : 2 * (64 * staged_cols<BN>() * 2 + strip_bytes<BN>());
   static constexpr int kVec = 2 * 2 * BN * 4;                // per consumer WG: column scale + column bias
   static constexpr int kBarBytes = 2 * 8 * 16;
   static constexpr int kStagesFit = (kSmemLimit - kCTile - kVec - kBarBytes) / kStage;
@@ -77,6 +88,7 @@ struct TileCfg {
   static_assert(kStageB % 1024 == 0, "B stage must keep 1024-byte alignment");
   static_assert(kSmem <= kSmemLimit, "shared memory");
   static_assert(SWAP || staged_cols<BN>() >= 64, "the fp32 epilogue stages 64-column passes");
+  static_assert(!swap_tma_store<BN, SWAP>() || BN % 64 == 0, "the transposed store takes 64-row boxes");
 };
 
 // setmaxnreg split (register file: 64K 32-bit registers per SM, 384 threads at 168 on entry): the

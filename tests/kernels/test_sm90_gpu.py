@@ -176,7 +176,10 @@ def test_awkward_shapes(idx):
 
 
 # --------------------------------------------------------------- every kernel config, forced
-LARGE_CFGS = [c.id for c in configs.CONFIGS if not c.swap_ab]  # the M > 64 family (TMA-store epilogue)
+#: The M > 64 family (TMA-store epilogue): the non-swapped configs and the 128-wide swapped one (config 14,
+#: transposed TMA store for 16-bit outputs, direct stores for fp32).
+LARGE_CFGS = [c.id for c in configs.CONFIGS if not c.swap_ab or c.block_n >= 128]
+SWAP_TMA_CFGS = [c.id for c in configs.CONFIGS if c.swap_ab and c.block_n >= 128]
 
 @pytest.mark.parametrize("cfg", range(len(configs.CONFIGS)))
 @pytest.mark.parametrize("m, n, k", [(1, 72, 48), (7, 200, 1040), (64, 4104, 16), (127, 8, 16400), (129, 200, 1040),
@@ -234,6 +237,25 @@ def test_wide_tile_strip(cfg, m, n, k, out_dtype, ska, skb, bias_dtype):
 @pytest.mark.parametrize("cfg", LARGE_CFGS)
 def test_direct_store_epilogue(m, n, k, out_dtype, cfg):
     _case(m, n, k, E4, E5, "row", "row", torch.bfloat16, out_dtype, config=cfg, direct_store=True)
+
+
+# --------------------------------------------------------------- transposed TMA store (swapped, 16-bit)
+#: Config 14 stages its swapped tile through stmatrix .trans and stores 64-row TMA boxes; the direct
+#: path (force_direct_store) computes the same formula per element, so both give the same bits: M and N
+#: tails inside a 64-row box and at its edge, several tiles per CTA, per-tensor and per-token scale_a
+#: (the column vector), bias on and off.
+@pytest.mark.parametrize("cfg", SWAP_TMA_CFGS)
+@pytest.mark.parametrize("m, n, k", [(65, 72, 48), (129, 200, 1040), (192, 136, 256), (300, 4104, 512),
+                                     (2100, 1800, 1280), (4096, 8, 16)])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("ska, skb, bias_dtype", [("tensor", "row", None), ("row", "row", torch.bfloat16),
+                                                    ("tensor", "tensor", torch.float32), ("row", "tensor", None)])
+def test_swap_tma_store_bitwise_equals_direct(cfg, m, n, k, out_dtype, ska, skb, bias_dtype):
+    a, b, sa, sb, bias = make_inputs(m, n, k, E4, E4, ska, skb, bias_dtype)
+    direct = run_poisoned(a, b, sa, sb, bias, out_dtype, cfg, direct_store=True)
+    staged = run_poisoned(a, b, sa, sb, bias, out_dtype, cfg)
+    assert torch.equal(staged.view(torch.int16), direct.view(torch.int16)), f"cfg={cfg} {m}x{n}x{k} {ska}/{skb}"
+    check(staged, reference(a, b, sa, sb, bias), out_dtype, f"cfg={cfg} {ska}/{skb}")
 
 
 # --------------------------------------------------------------- K = 16400 needs the FP32 promotion
