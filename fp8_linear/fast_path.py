@@ -12,7 +12,7 @@ tests/core/test_gpu_fast_path.py checks on an sm_90 device).
 Taken only in eager mode (``torch.compile`` traces the registered op), on CUDA, for static
 per-tensor and dynamic per-token activations with per-tensor / per-channel weight scales. The
 eligibility is decided once per module, device and switch setting and kept on the module as a plain
-attribute (:data:`STATE_ATTR`, not a buffer); the kernel config and split-K factor are kept per M.
+attribute (:data:`STATE_ATTR`, not a buffer); the kernel config and split-K factor are kept per M and input dtype.
 
 Switches (read on every call, so a change takes effect at once):
 ``FP8_LINEAR_FAST_PATH=0`` turns this path off; ``FP8_LINEAR_BACKEND`` other than ``sm90`` and
@@ -42,7 +42,7 @@ STATE_ATTR = "_fp8_fast_path"
 BIAS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Quantization modes of the extension (the values of kernels/quant_triton.py MODE_STATIC / MODE_TOKEN).
 MODE_STATIC, MODE_TOKEN = 0, 1
-#: Kernel config choices kept per module (one per distinct M); cleared when full.
+#: Kernel config choices kept per module (one per distinct M and input dtype); cleared when full.
 MAX_CACHED_M = 256
 #: Parameters the fast path reads (None-valued entries included) straight from ``_parameters``.
 _PARAMS = ("weight", "weight_scale", "input_scale", "bias")
@@ -57,7 +57,7 @@ class FastPathState:
 
     ``key``: ``(device, switch values)`` it was decided for; ``ok`` / ``reason``: the decision;
     ``mode``: :data:`MODE_STATIC` or :data:`MODE_TOKEN`; ``fmt_max``: the FP8 format's maximum;
-    ``configs``: (kernel config id, split-K factor) per M, filled on use.
+    ``configs``: (kernel config id, split-K factor) per (M, x's dtype), filled on use.
     """
 
     __slots__ = ("key", "ok", "reason", "mode", "fmt_max", "configs")
@@ -221,13 +221,19 @@ def forward(mod, x: torch.Tensor) -> "torch.Tensor | None":
     w = p["weight"]
     n, k = w.shape
     m = numel // k
-    choice = st.configs.get(m)
+    key = (m, x.dtype)  # the output's dtype (x's) takes part in the choice (select_config's per_channel)
+    choice = st.configs.get(key)
     if choice is None:
         if len(st.configs) >= MAX_CACHED_M:  # many distinct prompt lengths: keep the cache bounded
             st.configs.clear()
         kern = _kernels()
-        config = kern.select_config(m, n, k)
-        choice = st.configs[m] = (config.id, kern.select_splits(config, m, n, k))
+        # what the generic path's kernels.is_per_channel finds on the same launch (static per-tensor
+        # activations: input_scale [1]; per-token: [M, 1], per-channel only in name at M = 1, a swapped
+        # decode config either way)
+        per_channel = (st.mode == MODE_STATIC and p["weight_scale"].numel() > 1
+                       and x.dtype in (torch.bfloat16, torch.float16))
+        config = kern.select_config(m, n, k, per_channel=per_channel)
+        choice = st.configs[key] = (config.id, kern.select_splits(config, m, n, k))
     return _ext.linear_fwd(x, w, p["input_scale"], p["weight_scale"], p["bias"], st.mode, choice[0], st.fmt_max,
                            MIN_SCALE, choice[1])
 

@@ -41,6 +41,7 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(12, 128, False, 1, 1, True, carry=True),  # 7, next tile's kb 0 under the epilogue (v13): = 7 (+0.2%)
     KernelConfig(13, 144, False, 1, 1, True, carry=True),  # 10, the same (v13): = 10 (+0.1%, session 5 run 1)
     KernelConfig(14, 128, True, 1, 1, True),  # 7 with A/B swapped: per-channel scale_b as a row scale (v21)
+    KernelConfig(15, 144, True, 1, 1, True),  # 10 with A/B swapped (v21)
 )
 
 #: Config for M > 64 when no candidate below is better (the large-M workhorse): 128 x 128 with two
@@ -67,6 +68,19 @@ LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
     (LARGE_M_CONFIG, 1.107, 2.0),  # run 12
     (6, 1.086, 2.0),  # run 12
     (10, 1.107 * 1.019, CONFIG10_OVERHEAD_KB),  # run 17 (steady state); overhead: session 9
+)
+
+#: Per-channel launches (``select_config(..., per_channel=True)``: per-channel scale_b, per-tensor
+#: scale_a, 16-bit output) also weigh the swapped twins of the large-M candidates (config 14 = 7 and
+#: config 15 = 10 with A/B swapped: the weight's rows on wgmma's M side, so scale_b[n] is a per-thread
+#: row scale loaded at the tile start and the epilogue reads no column vector). The non-swapped
+#: candidates then carry the column-scale epilogue's cost, in k-block equivalents per tile: ncu at
+#: 6144^2 x 1280 (session 10 run 1), config 7 per-channel 85.66 vs per-tensor 84.19 us over 17.5 waves
+#: of 12 k-block equivalents (10 + 2 overhead) = 0.21 k-blocks; config 14 84.19 vs 84.38 us (no cost).
+PER_CHANNEL_EPILOGUE_KB = 0.25
+SWAPPED_LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
+    (14, 1.107, 2.0),  # config 7's throughput and overhead (the same tile, transposed)
+    (15, 1.107 * 1.019, CONFIG10_OVERHEAD_KB),  # config 10's
 )
 
 #: For 32 < M <= 64, the swapped 64-wide tile (config 3) only where N is large: with at most this many
@@ -128,13 +142,19 @@ def _env_int(name: str, lo: int, hi: int, what: str) -> int | None:
     return value
 
 
-def select_config(m: int, n: int, k: int, num_sms: int = 132) -> KernelConfig:
+def select_config(m: int, n: int, k: int, num_sms: int = 132, per_channel: bool = False) -> KernelConfig:
     """Pick a config for an ``[m, k] x [n, k]`` problem.
 
     Decode-like M (<= 32, and <= 64 when N has at least SWAP64_MIN_N_BLOCKS row blocks) puts N on
     wgmma's M side (swap A/B) with the narrowest tile that covers M, so no tensor-core work is spent on
     padding rows. Otherwise the fastest of LARGE_M_CANDIDATES by
     :func:`estimated_cost` (128 x 128 or 128 x 144 with two accumulators, or 128 x 192).
+
+    ``per_channel``: the launch has per-channel scale_b, per-tensor scale_a and a 16-bit output (what
+    the swapped configs' transposed TMA store and row-scale epilogue serve). The swapped twins
+    (SWAPPED_LARGE_M_CANDIDATES) then compete too, the non-swapped candidates with
+    PER_CHANNEL_EPILOGUE_KB more overhead per tile; where the non-swapped choice would split K
+    (:func:`select_splits`; the swapped large-M configs have no split-K instances), it stays.
     """
     if m <= 0 or n <= 0 or k <= 0:
         raise ValueError(f"select_config: empty problem m={m}, n={n}, k={k}")
@@ -148,7 +168,14 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132) -> KernelConfig:
     if m <= 64 and -(-n // BLOCK_M) >= SWAP64_MIN_N_BLOCKS:
         return CONFIGS[3]
     best, best_cost = CONFIGS[LARGE_M_CONFIG], float("inf")
+    extra = PER_CHANNEL_EPILOGUE_KB if per_channel else 0.0
     for cid, rel, overhead in LARGE_M_CANDIDATES:
+        cost = estimated_cost(CONFIGS[cid], m, n, rel, num_sms, k, overhead + extra)
+        if cost < best_cost:
+            best, best_cost = CONFIGS[cid], cost
+    if not per_channel or select_splits(best, m, n, k, num_sms) > 1:
+        return best
+    for cid, rel, overhead in SWAPPED_LARGE_M_CANDIDATES:
         cost = estimated_cost(CONFIGS[cid], m, n, rel, num_sms, k, overhead)
         if cost < best_cost:
             best, best_cost = CONFIGS[cid], cost

@@ -74,11 +74,12 @@ const char* make_map(CUtensorMap* map, const void* ptr, int rows, int K, int box
   return msg;
 }
 
-// Output map for the TMA-store epilogue over [M, N] row-major of `out_kind`, box `box_cols` x 64 rows:
+// Output map for the TMA-store epilogue over [M, N] row-major of `out_kind`, box `box_cols` x `box_rows`
+// (64 rows; the swapped configs' transposed tiles: BN rows):
 // the staged blocks use box_cols = one 128-byte swizzle row (32 fp32 / 64 16-bit elements) with the
 // 128-byte swizzle; the tile strip (the last bn % 64 columns of a tile, see staged_cols in
 // sm90_tile.cuh) uses box_cols = bn % 64 without swizzle (the strip is staged row-major).
-const char* make_out_map(CUtensorMap* map, void* ptr, int M, int N, int out_kind, int box_cols,
+const char* make_out_map(CUtensorMap* map, void* ptr, int M, int N, int out_kind, int box_cols, int box_rows,
                          CUtensorMapSwizzle swizzle, const char* what) {
   auto fn = encode_fn();
   if (fn == nullptr) return "cuTensorMapEncodeTiled not found through cudaGetDriverEntryPointByVersion";
@@ -88,7 +89,7 @@ const char* make_out_map(CUtensorMap* map, void* ptr, int M, int N, int out_kind
                                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   cuuint64_t dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M)};
   cuuint64_t strides[1] = {static_cast<cuuint64_t>(N) * esize};
-  cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), 64};
+  cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
   cuuint32_t estr[2] = {1, 1};
   if (reinterpret_cast<uintptr_t>(map) % 64 != 0) return "tensor map storage is not 64-byte aligned";
   CUresult r = fn(map, dt, 2, ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
@@ -187,20 +188,20 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   if (const char* e = make_map(&la.tma_a, ka, la.rows_a, g.K, kBM)) return e;
   if (const char* e = make_map(&la.tma_b, kb, la.rows_b, g.K, bn / cluster)) return e;
   const int esize = g.out_kind == 0 ? 4 : 2;
-  // TMA stores: the non-swapped configs, and the swapped 128-wide one (config 14) for 16-bit outputs
+  // TMA stores: the non-swapped configs, and the swapped large-M ones (configs 14, 15) for 16-bit outputs
   // (transposed staging, see stage_tile_16bit_swap); other swapped launches store directly.
-  const bool swap_tma = swap && bn == 128 && g.out_kind != 0;
+  const bool swap_tma = swap && bn >= 128 && g.out_kind != 0;
   la.ep.tma_store = ((!swap || swap_tma) && !split && (static_cast<long>(g.N) * esize) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(g.out) % 16 == 0 && g.force_direct_store == 0)
                         ? 1
                         : 0;
   if (la.ep.tma_store) {
-    if (const char* e = make_out_map(&la.tma_out, g.out, g.M, g.N, g.out_kind, 128 / esize,
+    if (const char* e = make_out_map(&la.tma_out, g.out, g.M, g.N, g.out_kind, 128 / esize, swap ? bn : 64,
                                      CU_TENSOR_MAP_SWIZZLE_128B, "output"))
       return e;
-    if (bn % 64 != 0) {
-      if (const char* e = make_out_map(&la.ep.tma_strip, g.out, g.M, g.N, g.out_kind, bn % 64, CU_TENSOR_MAP_SWIZZLE_NONE,
-                                       "output strip"))
+    if (bn % 64 != 0 && !swap) {
+      if (const char* e = make_out_map(&la.ep.tma_strip, g.out, g.M, g.N, g.out_kind, bn % 64, 64,
+                                       CU_TENSOR_MAP_SWIZZLE_NONE, "output strip"))
         return e;
     }
   }

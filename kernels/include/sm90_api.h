@@ -30,7 +30,8 @@ namespace fp8sm90 {
 //                             per-channel scale_b is then a per-thread row scale (two values per thread,
 //                             loaded at the tile start) instead of a column vector read in the epilogue;
 //                             16-bit outputs through a transposed TMA store (stmatrix .trans)
-enum { kNumConfigs = 15 };
+//   15 : (144, true,  1, 1)   as 10 with A/B swapped (config 14's epilogue; consumers at 240 registers)
+enum { kNumConfigs = 16 };
 
 struct GemmArgs {
   const void* a;  // [M, K] fp8, K-contiguous

@@ -245,7 +245,8 @@ __device__ __forceinline__ void stage_16bit_mode(EpiMode mode, const float (&acc
 // acc * (row scale [= scale_b[n]] x column scale [= scale_a[m]]) + row bias [= bias[n]], the direct
 // path's formula bit for bit. The fragment of 8 x 8 matrix (j, i) goes through stmatrix .trans to rows
 // m = 8j + (0..7), 16-byte chunk n / 8 = 2 * warp + i of the staging tile [BN rows m][64 columns n]
-// (128 bytes per row, chunk index XOR row % 8: the 128-byte swizzle of the output tensor map).
+// (128 bytes per row, chunk index XOR row % 8: the 128-byte swizzle of the output tensor map, whose box
+// is 64 columns x BN rows for the swapped configs).
 // COLVEC: per-token scale_a, read from the shared column vector vs; otherwise the per-tensor
 // scale_a (pf.col_scale[0]) folds into one factor per thread row and the epilogue loads nothing.
 template <int BN, bool BF16, bool COLVEC>
@@ -404,7 +405,7 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
   } else {
     // kernel rows = output cols n, kernel cols = output rows m: out[m, n] = acc[n-row, m-col].
     if constexpr (swap_tma_store<BN, SWAP>()) {
-      if (ep.tma_store) {  // 16-bit output (the host's rule): transposed staging, then 64-row TMA boxes
+      if (ep.tma_store) {  // 16-bit output (the host's rule): transposed staging, then one BN-row TMA box
         const int w = tid / 32;
         const bool colvec = ep.sa_row != 0;
         if (ep.out_kind == 1) {
@@ -417,10 +418,7 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
         fence_proxy_async();  // generic-proxy smem writes -> visible to the TMA engine
         named_bar_sync(bar_id, 128);
         if (tid == 0 && tile_row0 < ep.N) {  // tile_row0: the warpgroup's first output column n
-#pragma unroll
-          for (int h = 0; h < BN / 64; ++h) {
-            if (col_base + 64 * h < ep.M) tma_store_2d(tma_out, ctile + h * (64 * 128), tile_row0, col_base + 64 * h);
-          }
+          tma_store_2d(tma_out, ctile, tile_row0, col_base);
           bulk_commit();
         }
         return;

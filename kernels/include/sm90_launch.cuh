@@ -132,6 +132,7 @@ const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
     case 12: return launch_one<128, false, 1, 1, FA, FB, true, false, true>(la, stream);
     case 13: return launch_one<144, false, 1, 1, FA, FB, true, false, true>(la, stream);
     case 14: return launch_one<128, true, 1, 1, FA, FB, true>(la, stream);
+    case 15: return launch_one<144, true, 1, 1, FA, FB, true>(la, stream);
     default: return "unknown kernel config";
   }
 }
@@ -139,16 +140,16 @@ const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
 // Configs with split-K kernel instances (kernels/configs.py: KernelConfig.split_k).
 inline bool config_splits_k(int config) {
   static const bool kSplitK[kNumConfigs] = {false, true, true, true, false, false, false,
-                                            true, false, false, true, false, false, false, false};
+                                            true, false, false, true, false, false, false, false, false};
   return kSplitK[config];
 }
 
 // Tile width, operand order and cluster size of each config (host side).
 inline void config_shape(int config, int& bn, bool& swap, int& cluster) {
-  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192, 128, 128, 128, 144, 144, 128, 144, 128};
+  static const int kBN[kNumConfigs] = {128, 16, 32, 64, 128, 128, 192, 128, 128, 128, 144, 144, 128, 144, 128, 144};
   static const bool kSwap[kNumConfigs] = {false, true, true, true, false, false, false,
-                                          false, false, false, false, false, false, false, true};
-  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1, 1, 2, 1, 1, 2, 1, 1, 1};
+                                          false, false, false, false, false, false, false, true, true};
+  static const int kCluster[kNumConfigs] = {1, 1, 1, 1, 1, 2, 1, 1, 2, 1, 1, 2, 1, 1, 1, 1};
   bn = kBN[config];
   swap = kSwap[config];
   cluster = kCluster[config];

@@ -57,12 +57,12 @@ constexpr int strip_bytes() {  // per consumer warpgroup
 }
 
 // Swapped configs whose 16-bit output goes through a transposed TMA-store epilogue (stmatrix .trans into
-// a [BN m-rows x 64 n-columns] 128B-swizzled tile per consumer warpgroup, two 64-row TMA boxes): the
-// 128-wide swapped tile (config 14, the large-M kernel with the weight on wgmma's M side). The narrow
-// decode configs (BN 16 / 32 / 64) keep their direct stores.
+// a [BN m-rows x 64 n-columns] 128B-swizzled tile per consumer warpgroup, one TMA box of BN rows): the
+// large-M swapped tiles (configs 14 and 15: the weight on wgmma's M side). The narrow decode configs
+// (BN 16 / 32 / 64) keep their direct stores.
 template <int BN, bool SWAP>
 constexpr bool swap_tma_store() {
-  return SWAP && BN == 128;
+  return SWAP && BN >= 128;
 }
 
 // The kernels' dynamic shared memory. The 1024-byte alignment (the 128B swizzle atom) is declared, not
@@ -88,7 +88,8 @@ struct TileCfg {
   static_assert(kStageB % 1024 == 0, "B stage must keep 1024-byte alignment");
   static_assert(kSmem <= kSmemLimit, "shared memory");
   static_assert(SWAP || staged_cols<BN>() >= 64, "the fp32 epilogue stages 64-column passes");
-  static_assert(!swap_tma_store<BN, SWAP>() || BN % 64 == 0, "the transposed store takes 64-row boxes");
+  static_assert(!swap_tma_store<BN, SWAP>() || (BN <= 256 && BN * 128 % 1024 == 0),
+                "the transposed store: one TMA box of BN <= 256 rows, each warpgroup's tile 1024-byte aligned");
 };
 
 // setmaxnreg split (register file: 64K 32-bit registers per SM, 384 threads at 168 on entry): the
