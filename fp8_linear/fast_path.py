@@ -221,18 +221,17 @@ def forward(mod, x: torch.Tensor) -> "torch.Tensor | None":
     w = p["weight"]
     n, k = w.shape
     m = numel // k
-    key = (m, x.dtype)  # the output's dtype (x's) takes part in the choice (select_config's per_channel)
+    key = (m, x.dtype)  # the output's dtype (x's) takes part in the choice (select_config's swap_ok)
     choice = st.configs.get(key)
     if choice is None:
         if len(st.configs) >= MAX_CACHED_M:  # many distinct prompt lengths: keep the cache bounded
             st.configs.clear()
         kern = _kernels()
-        # what the generic path's kernels.is_per_channel finds on the same launch (static per-tensor
-        # activations: input_scale [1]; per-token: [M, 1], per-channel only in name at M = 1, a swapped
-        # decode config either way)
-        per_channel = (st.mode == MODE_STATIC and p["weight_scale"].numel() > 1
-                       and x.dtype in (torch.bfloat16, torch.float16))
-        config = kern.select_config(m, n, k, per_channel=per_channel)
+        # what the generic path's kernels.swap_ok finds on the same launch (static per-tensor
+        # activations: input_scale [1]; per-token: [M, 1], one element only at M = 1, where a swapped
+        # decode config is taken either way)
+        ok = st.mode == MODE_STATIC and x.dtype in (torch.bfloat16, torch.float16)
+        config = kern.select_config(m, n, k, swap_ok=ok)
         choice = st.configs[key] = (config.id, kern.select_splits(config, m, n, k))
     return _ext.linear_fwd(x, w, p["input_scale"], p["weight_scale"], p["bias"], st.mode, choice[0], st.fmt_max,
                            MIN_SCALE, choice[1])

@@ -10,7 +10,7 @@ import torch
 
 from .configs import CONFIGS, KernelConfig, select_config, select_splits
 
-__all__ = ["CONFIGS", "KernelConfig", "is_per_channel", "select_config", "select_splits", "sm90_gemm", "sm90_gemm_out",
+__all__ = ["CONFIGS", "KernelConfig", "swap_ok", "select_config", "select_splits", "sm90_gemm", "sm90_gemm_out",
            "OP_NAME"]
 
 OP_NAME = "fp8_linear::sm90_gemm"
@@ -20,10 +20,10 @@ _SCHEMA = (
 )
 
 
-def is_per_channel(scale_a, scale_b, out_dtype: torch.dtype) -> bool:
-    """Whether a launch is what :func:`select_config`'s ``per_channel`` means: per-channel ``scale_b``
-    (more than one element), per-tensor ``scale_a`` (one element) and a 16-bit output."""
-    return scale_b.numel() > 1 and scale_a.numel() == 1 and out_dtype in (torch.bfloat16, torch.float16)
+def swap_ok(scale_a, out_dtype: torch.dtype) -> bool:
+    """Whether a launch suits the swapped large-M configs (:func:`select_config`'s ``swap_ok``): a
+    per-tensor ``scale_a`` (one element) and a 16-bit output (their transposed TMA store)."""
+    return scale_a.numel() == 1 and out_dtype in (torch.bfloat16, torch.float16)
 
 
 def sm90_gemm_out(a, b, scale_a, scale_b, bias, out, config: int = -1, direct_store: bool = False,
@@ -35,7 +35,7 @@ def sm90_gemm_out(a, b, scale_a, scale_b, bias, out, config: int = -1, direct_st
 
     m, n, k = a.shape[0], b.shape[0], a.shape[1]
     if config < 0:
-        config = select_config(m, n, k, per_channel=is_per_channel(scale_a, scale_b, out.dtype)).id
+        config = select_config(m, n, k, swap_ok=swap_ok(scale_a, out.dtype)).id
     if splits is None:
         splits = select_splits(CONFIGS[config], m, n, k) if 0 <= config < len(CONFIGS) else 1
     jit.load().gemm_out(a, b, scale_a, scale_b, bias, out, int(config), 1 if direct_store else 0, int(splits))

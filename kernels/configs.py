@@ -70,16 +70,17 @@ LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
     (10, 1.107 * 1.019, CONFIG10_OVERHEAD_KB),  # run 17 (steady state); overhead: session 9
 )
 
-#: Per-channel launches (``select_config(..., per_channel=True)``: per-channel scale_b, per-tensor
-#: scale_a, 16-bit output) also weigh the swapped twins of the large-M candidates (config 14 = 7 and
-#: config 15 = 10 with A/B swapped: the weight's rows on wgmma's M side, so scale_b[n] is a per-thread
-#: row scale loaded at the tile start and the epilogue reads no column vector). The non-swapped
-#: candidates then carry the column-scale epilogue's cost, in k-block equivalents per tile: ncu at
-#: 6144^2 x 1280 (session 10 run 1), config 7 per-channel 85.66 vs per-tensor 84.19 us over 17.5 waves
-#: of 12 k-block equivalents (10 + 2 overhead) = 0.21 k-blocks; config 14 84.19 vs 84.38 us (no cost).
-PER_CHANNEL_EPILOGUE_KB = 0.25
+#: Swapped twins of the large-M candidates: config 14 = 7 and config 15 = 10 with A/B swapped (the
+#: weight's rows on wgmma's M side; scale_b[n] is then a per-thread row scale loaded at the tile start,
+#: so per-channel weight scales cost the epilogue nothing: ncu at 6144^2 x 1280, session 10 run 1,
+#: config 14 84.38 / 84.19 us per-tensor / per-channel against config 7's 84.19 / 85.66). Throughput
+#: and overhead as their non-swapped twins (the same tile, transposed). With ``swap_ok``
+#: (:func:`select_config`) they are taken whenever N <= M: the kernel's row blocks then run over the
+#: smaller dimension, which measured as fast or faster (steady, session 10 runs 2-4: at M = 8192,
+#: N = 4096 / 6144 the twins 2-3.5% faster; at N = M level or up to 1.9% faster), while with N > M they
+#: were slower (M = 512, N = 4096-57344: 4-6.5%; 2048 x 57344 x 8192: 5%).
 SWAPPED_LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
-    (14, 1.107, 2.0),  # config 7's throughput and overhead (the same tile, transposed)
+    (14, 1.107, 2.0),  # config 7's throughput and overhead
     (15, 1.107 * 1.019, CONFIG10_OVERHEAD_KB),  # config 10's
 )
 
@@ -142,7 +143,7 @@ def _env_int(name: str, lo: int, hi: int, what: str) -> int | None:
     return value
 
 
-def select_config(m: int, n: int, k: int, num_sms: int = 132, per_channel: bool = False) -> KernelConfig:
+def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = False) -> KernelConfig:
     """Pick a config for an ``[m, k] x [n, k]`` problem.
 
     Decode-like M (<= 32, and <= 64 when N has at least SWAP64_MIN_N_BLOCKS row blocks) puts N on
@@ -150,11 +151,11 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, per_channel: bool 
     padding rows. Otherwise the fastest of LARGE_M_CANDIDATES by
     :func:`estimated_cost` (128 x 128 or 128 x 144 with two accumulators, or 128 x 192).
 
-    ``per_channel``: the launch has per-channel scale_b, per-tensor scale_a and a 16-bit output (what
-    the swapped configs' transposed TMA store and row-scale epilogue serve). The swapped twins
-    (SWAPPED_LARGE_M_CANDIDATES) then compete too, the non-swapped candidates with
-    PER_CHANNEL_EPILOGUE_KB more overhead per tile; where the non-swapped choice would split K
-    (:func:`select_splits`; the swapped large-M configs have no split-K instances), it stays.
+    ``swap_ok``: the launch has a per-tensor scale_a and a 16-bit output, what the swapped large-M
+    configs' transposed TMA store serves (:func:`fp8_linear.kernels.swap_ok`). Then for N <= M the
+    fastest of SWAPPED_LARGE_M_CANDIDATES is taken (the kernel's rows over the smaller dimension; with
+    per-channel scale_b its epilogue loads no column vector), unless the non-swapped choice would
+    split K (:func:`select_splits`; the swapped large-M configs have no split-K instances).
     """
     if m <= 0 or n <= 0 or k <= 0:
         raise ValueError(f"select_config: empty problem m={m}, n={n}, k={k}")
@@ -167,15 +168,17 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, per_channel: bool 
         return CONFIGS[2]
     if m <= 64 and -(-n // BLOCK_M) >= SWAP64_MIN_N_BLOCKS:
         return CONFIGS[3]
-    best, best_cost = CONFIGS[LARGE_M_CONFIG], float("inf")
-    extra = PER_CHANNEL_EPILOGUE_KB if per_channel else 0.0
-    for cid, rel, overhead in LARGE_M_CANDIDATES:
-        cost = estimated_cost(CONFIGS[cid], m, n, rel, num_sms, k, overhead + extra)
-        if cost < best_cost:
-            best, best_cost = CONFIGS[cid], cost
-    if not per_channel or select_splits(best, m, n, k, num_sms) > 1:
-        return best
-    for cid, rel, overhead in SWAPPED_LARGE_M_CANDIDATES:
+    best = _fastest(LARGE_M_CANDIDATES, m, n, k, num_sms)
+    if swap_ok and n <= m and select_splits(best, m, n, k, num_sms) == 1:
+        return _fastest(SWAPPED_LARGE_M_CANDIDATES, m, n, k, num_sms)
+    return best
+
+
+def _fastest(candidates: tuple[tuple[int, float, float], ...], m: int, n: int, k: int, num_sms: int) -> KernelConfig:
+    """The candidate ``(config id, relative throughput, tile overhead)`` of least :func:`estimated_cost`
+    (the first of equals)."""
+    best, best_cost = CONFIGS[candidates[0][0]], float("inf")
+    for cid, rel, overhead in candidates:
         cost = estimated_cost(CONFIGS[cid], m, n, rel, num_sms, k, overhead)
         if cost < best_cost:
             best, best_cost = CONFIGS[cid], cost

@@ -145,10 +145,10 @@ def test_select_config_wave_model(monkeypatch):
     assert configs.select_config(6144, 6144, 1280).id == 7
 
 
-def test_select_config_per_channel(monkeypatch):
-    """Per-channel launches (per-channel scale_b, per-tensor scale_a, 16-bit output) may take the swapped
-    twins of configs 7 / 10 (14 / 15: scale_b becomes a row scale); decode shapes, split-K shapes and
-    the per-tensor choice are unchanged."""
+def test_select_config_swapped_twins(monkeypatch):
+    """With ``swap_ok`` (per-tensor scale_a, 16-bit output) and N <= M the swapped twins of configs 7 / 10
+    (14 / 15: the kernel's rows over the smaller dimension, scale_b a row scale) are taken; N > M,
+    decode shapes, split-K shapes and launches without ``swap_ok`` keep their choice."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
     for cid, twin in ((7, 14), (10, 15)):
@@ -156,33 +156,37 @@ def test_select_config_per_channel(monkeypatch):
         assert (b.block_n, b.swap_ab, b.n_acc, b.cluster, b.double_acc) == (a.block_n, True, 1, 1, True)
         # the twin's tile grid is the transposed one
         assert configs.tiles(b, 6144, 4096) == configs.tiles(a, 4096, 6144)
-    # same waves for 7 and 14 at 6144^2 x 1280: the column-scale epilogue's cost decides
+    # N = M: the twin of the non-swapped choice (same grid, same estimate)
     assert configs.select_config(6144, 6144, 1280).id == 7
-    assert configs.select_config(6144, 6144, 1280, per_channel=True).id == 14
-    # 8192^3: config 10's 144-wide tile, transposed (the same 64 x 57 grid)
-    assert configs.select_config(8192, 8192, 8192, per_channel=True).id == 15
-    # 4096 x 8192 x 28672: config 10's 32 x 57 = 1824 tiles take 14 waves; its twin's 64 x 29 = 1856
-    # take 15 and config 14's 2048 take 16 (of 128-wide tiles): config 10 with the column scales stays
-    assert configs.select_config(4096, 8192, 28672, per_channel=True).id == 10
-    # decode shapes: the swapped narrow tiles already have scale_b as the row scale
-    for m in (1, 16, 32, 64):
-        assert configs.select_config(m, 10240, 4096, per_channel=True) == configs.select_config(m, 10240, 4096)
+    assert configs.select_config(6144, 6144, 1280, swap_ok=True).id == 14
+    assert configs.select_config(8192, 8192, 8192, swap_ok=True).id == 15
+    # N < M: the model over the twins (8192 x 4096: config 15's 57 x 32 tiles, 14 waves of 144-wide,
+    # against config 7's 32 x 64 = 2048 tiles, 16 waves of 128-wide)
+    assert configs.select_config(8192, 4096, 4096).id == 7
+    assert configs.select_config(8192, 4096, 4096, swap_ok=True).id == 15
+    # N > M: unchanged
+    for m, n, k in ((4096, 8192, 28672), (2048, 57344, 8192), (512, 10240, 8192), (2048, 6144, 4096)):
+        assert configs.select_config(m, n, k, swap_ok=True) == configs.select_config(m, n, k)
+    # decode shapes: already swapped narrow tiles (M <= 32; M <= 64 with a long N)
+    for m, n in ((1, 24), (16, 16), (32, 8), (64, 10240)):
+        assert configs.select_config(m, n, 4096, swap_ok=True) == configs.select_config(m, n, 4096)
+        assert configs.select_config(m, n, 4096).swap_ab
     # split K (few tiles, long K): the non-swapped config with its split-K instance stays
-    base = configs.select_config(128, 4096, 14336)
-    assert configs.select_splits(base, 128, 4096, 14336) > 1
-    assert configs.select_config(128, 4096, 14336, per_channel=True) == base
+    base = configs.select_config(128, 96, 14336)
+    assert configs.select_splits(base, 128, 96, 14336) > 1
+    assert configs.select_config(128, 96, 14336, swap_ok=True) == base
     # the override still wins
     monkeypatch.setenv(configs.ENV_CONFIG, "7")
-    assert configs.select_config(6144, 6144, 1280, per_channel=True).id == 7
+    assert configs.select_config(6144, 6144, 1280, swap_ok=True).id == 7
 
 
-@pytest.mark.parametrize("sa, sb, dtype, want", [(1, 4096, torch.bfloat16, True), (1, 4096, torch.float16, True),
-                                                  (1, 4096, torch.float32, False), (1, 1, torch.bfloat16, False),
-                                                  (300, 4096, torch.bfloat16, False), (300, 1, torch.float16, False)])
-def test_is_per_channel(sa, sb, dtype, want):
+@pytest.mark.parametrize("sa, dtype, want", [(1, torch.bfloat16, True), (1, torch.float16, True),
+                                             (1, torch.float32, False), (300, torch.bfloat16, False),
+                                             (300, torch.float32, False)])
+def test_swap_ok(sa, dtype, want):
     from fp8_linear import kernels as kern
 
-    assert kern.is_per_channel(torch.ones(sa), torch.ones(sb), dtype) is want
+    assert kern.swap_ok(torch.ones(sa), dtype) is want
 
 
 def test_config10_overhead_moves_only_the_short_k_shape(monkeypatch):
