@@ -29,7 +29,8 @@ namespace fp8sm90 {
 //   14 : (128, true,  1, 1)   as 7 with A/B swapped (the weight's N on wgmma's M side) for large M: the
 //                             per-channel scale_b is then a per-thread row scale (two values per thread,
 //                             loaded at the tile start) instead of a column vector read in the epilogue;
-//                             16-bit outputs through a transposed TMA store (stmatrix .trans)
+//                             16-bit outputs through a transposed TMA store (stmatrix .trans); chosen
+//                             for N <= M with a per-tensor scale_a and a 16-bit output (kernels/configs.py)
 //   15 : (144, true,  1, 1)   as 10 with A/B swapped (config 14's epilogue; consumers at 240 registers)
 enum { kNumConfigs = 16 };
 

@@ -12,8 +12,10 @@
 // tile's first two k-blocks are in flight while the finished tile's epilogue runs (no drain between tiles).
 // Epilogue: scales, bias and the cast, staged in shared memory (stmatrix for 16-bit outputs) and
 // written with TMA stores; direct clipped stores where TMA cannot take the output.
-// SWAP: the caller passed (B, A) as the kernel's (A, B) so that a large N sits on wgmma's M side
-// (decode shapes); the epilogue writes the transposed tile.
+// SWAP: the caller passed (B, A) as the kernel's (A, B) so that N sits on wgmma's M side: decode shapes
+// (configs 1-3, direct stores of the transposed tile) and the large-M twins of configs 7 / 10 (14 / 15,
+// taken for N <= M: per-channel scale_b becomes a row scale; 16-bit outputs staged transposed with
+// stmatrix .trans and stored with TMA, see stage_tile_16bit_swap).
 //
 // Files: sm90_tile.cuh (tiling, parameters, tile walk), sm90_mainloop.cuh (k-blocks, promotion,
 // producer), sm90_epilogue.cuh (scales, bias, cast, stores), this file (the kernels: the persistent
