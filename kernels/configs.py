@@ -76,7 +76,7 @@ LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
 #: config 14 84.38 / 84.19 us per-tensor / per-channel against config 7's 84.19 / 85.66). Throughput
 #: and overhead as their non-swapped twins (the same tile, transposed). With ``swap_ok``
 #: (:func:`select_config`) they are taken whenever N <= M: the kernel's row blocks then run over the
-#: smaller dimension, which measured as fast or faster (steady, session 10 runs 2-4: at M = 8192,
+#: smaller dimension, which measured about as fast or faster (steady, session 10 runs 2-4: at M = 8192,
 #: N = 4096 / 6144 the twins 2-3.5% faster; at N = M from 0.9% slower to 1.9% faster), while with N > M they
 #: were slower (M = 512, N = 4096-57344: 4-6.5%; 2048 x 57344 x 8192: 5%).
 SWAPPED_LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
