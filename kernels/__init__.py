@@ -28,7 +28,8 @@ def swap_ok(scale_a, out_dtype: torch.dtype) -> bool:
 
 def sm90_gemm_out(a, b, scale_a, scale_b, bias, out, config: int = -1, direct_store: bool = False,
                   splits: int | None = None) -> torch.Tensor:
-    """Run the kernel into a preallocated contiguous ``out`` ([M, N]); ``config=-1`` picks by shape.
+    """Run the kernel into a preallocated contiguous ``out`` ([M, N]); ``config=-1`` picks by shape and
+    :func:`swap_ok` (:func:`select_config`).
     ``direct_store=True`` forces the register -> global epilogue instead of the TMA store (tests).
     ``splits``: split-K factor (an upper bound; 1 = off); ``None`` picks by shape (:func:`select_splits`)."""
     from . import jit
