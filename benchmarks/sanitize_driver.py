@@ -42,7 +42,7 @@ def main() -> int:
         c = configs.CONFIGS[cfg]
         cfg_shapes = [(*s, None) for s in shapes]
         cfg_shapes += [(*s, None) for s in multi_tile] if (c.overlap or c.carry or c.id == configs.LARGE_M_CONFIG
-                                                               or (c.swap_ab and c.block_n >= 128)) else []
+                                                               or c.swap_tma_store) else []
         # split K forced (17 k-blocks -> 5 ranges of 4, the last of 1; M / N tails) where the config can split
         cfg_shapes += [(70, 300, 2064, 5)] if c.split_k else []
         for i, (m, n, k, splits) in enumerate(cfg_shapes):

@@ -24,6 +24,12 @@ class KernelConfig:
     carry: bool = False  # the next tile's first k-block issued before this tile's epilogue (even k-blocks)
     split_k: bool = False  # has split-K kernel instances (select_splits; sm90_launch.cuh config_splits_k)
 
+    @property
+    def swap_tma_store(self) -> bool:
+        """Swapped large-M config whose 16-bit output goes through the transposed TMA store (configs 14,
+        15; sm90_tile.cuh swap_tma_width)."""
+        return self.swap_ab and self.block_n >= 128
+
 
 CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(0, 128, False, 1),
@@ -79,10 +85,9 @@ LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
 #: smaller dimension, which measured about as fast or faster (steady, session 10 runs 2-4: at M = 8192,
 #: N = 4096 / 6144 the twins 2-3.5% faster; at N = M from 0.9% slower to 1.9% faster), while with N > M they
 #: were slower (M = 512, N = 4096-57344: 4-6.5%; 2048 x 57344 x 8192: 5%).
-SWAPPED_LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
-    (14, 1.107, 2.0),  # config 7's throughput and overhead
-    (15, 1.107 * 1.019, CONFIG10_OVERHEAD_KB),  # config 10's
-)
+SWAPPED_TWIN = {7: 14, 10: 15}
+SWAPPED_LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = tuple(
+    (SWAPPED_TWIN[cid], rel, overhead) for cid, rel, overhead in LARGE_M_CANDIDATES if cid in SWAPPED_TWIN)
 
 #: For 32 < M <= 64, the swapped 64-wide tile (config 3) only where N is large: with at most this many
 #: 128-row blocks of N the large-M path (config 7: a 128-row tile, half of it zero-filled by TMA) is

@@ -190,7 +190,7 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   const int esize = g.out_kind == 0 ? 4 : 2;
   // TMA stores: the non-swapped configs, and the swapped large-M ones (configs 14, 15) for 16-bit outputs
   // (transposed staging, see stage_tile_16bit_swap); other swapped launches store directly.
-  const bool swap_tma = swap && bn >= 128 && g.out_kind != 0;
+  const bool swap_tma = swap && swap_tma_width(bn) && g.out_kind != 0;
   la.ep.tma_store = ((!swap || swap_tma) && !split && (static_cast<long>(g.N) * esize) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(g.out) % 16 == 0 && g.force_direct_store == 0)
                         ? 1

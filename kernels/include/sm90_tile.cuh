@@ -60,9 +60,11 @@ constexpr int strip_bytes() {  // per consumer warpgroup
 // a [BN m-rows x 64 n-columns] 128B-swizzled tile per consumer warpgroup, one TMA box of BN rows): the
 // large-M swapped tiles (configs 14 and 15: the weight on wgmma's M side). The narrow decode configs
 // (BN 16 / 32 / 64) keep their direct stores.
+// (Host and device; kernels/configs.py KernelConfig.swap_tma_store mirrors it.)
+constexpr bool swap_tma_width(int bn) { return bn >= 128; }
 template <int BN, bool SWAP>
 constexpr bool swap_tma_store() {
-  return SWAP && BN >= 128;
+  return SWAP && swap_tma_width(BN);
 }
 
 // The kernels' dynamic shared memory. The 1024-byte alignment (the 128B swizzle atom) is declared, not

@@ -178,8 +178,8 @@ def test_awkward_shapes(idx):
 # --------------------------------------------------------------- every kernel config, forced
 #: The M > 64 family (TMA-store epilogue): the non-swapped configs and the 128-wide swapped one (config 14,
 #: transposed TMA store for 16-bit outputs, direct stores for fp32).
-LARGE_CFGS = [c.id for c in configs.CONFIGS if not c.swap_ab or c.block_n >= 128]
-SWAP_TMA_CFGS = [c.id for c in configs.CONFIGS if c.swap_ab and c.block_n >= 128]
+LARGE_CFGS = [c.id for c in configs.CONFIGS if not c.swap_ab or c.swap_tma_store]
+SWAP_TMA_CFGS = [c.id for c in configs.CONFIGS if c.swap_tma_store]
 
 @pytest.mark.parametrize("cfg", range(len(configs.CONFIGS)))
 @pytest.mark.parametrize("m, n, k", [(1, 72, 48), (7, 200, 1040), (64, 4104, 16), (127, 8, 16400), (129, 200, 1040),
