@@ -13,11 +13,16 @@ Columns: TFLOPS, mean SM MHz, mean W, pJ per FLOP (mean W / FLOP rate; NVML's en
 used at first, lagged the window and disagreed by a few %), and "util" = FLOP per clock over the dense FP8
 peak per clock (8192 FLOP / clk / SM x SM count).
 
+``--data`` picks the operands' values (the energy of the tensor-core arithmetic depends on them, so the
+power-capped clock does too): ``randn`` (default: N(0, 1) cast to e4m3, what every benchmark here uses),
+``scaled`` (N(0, 1) scaled so that the largest magnitude is e4m3's 448, as a per-tensor quantizer
+produces), ``ones`` (every value 1.0) and ``zeros``. Several kinds (comma-separated) run one after the other.
+
 ``--per-channel`` adds ``auto_ch``: the auto config with per-channel weight scales (is per-channel's
 extra time at long K a lower clock, i.e. more energy per FLOP, or fewer FLOP per clock?).
 
 Usage: python benchmarks/energy_bench.py [--shapes 8192x8192x8192,...] [--configs 7,10,11] [--per-channel]
-       [--burn 0.6] [--window 1.0] [--rounds 2] [--json out.json]
+       [--data randn,scaled,ones,zeros] [--burn 0.6] [--window 1.0] [--rounds 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -46,6 +51,25 @@ from steady_bench import parse_shapes  # noqa: E402
 FP8_FLOP_PER_CLK_PER_SM = 8192
 NVML_CLOCK_SM = 1
 DEFAULT_SHAPES = "8192x8192x8192,8192x6144x4096,2048x6144x4096,6144x6144x1280"
+#: Largest finite magnitude of float8_e4m3fn.
+E4M3_MAX = 448.0
+DATA_KINDS = ("randn", "scaled", "ones", "zeros")
+
+
+def make_operand(rows: int, k: int, kind: str, device: str = "cuda") -> torch.Tensor:
+    """A ``[rows, k]`` float8_e4m3fn tensor (row-major, K contiguous) of the given value kind (``--data``)."""
+    if kind == "randn":
+        x = torch.randn(rows, k, device=device)
+    elif kind == "scaled":
+        x = torch.randn(rows, k, device=device)
+        x = x * (E4M3_MAX / x.abs().max())
+    elif kind == "ones":
+        x = torch.ones(rows, k, device=device)
+    elif kind == "zeros":
+        x = torch.zeros(rows, k, device=device)
+    else:
+        raise ValueError(f"unknown data kind {kind!r}; expected one of {DATA_KINDS}")
+    return x.to(torch.float8_e4m3fn)
 
 
 class Nvml:
@@ -63,6 +87,12 @@ class Nvml:
         v = ctypes.c_uint()
         self.lib.nvmlDeviceGetClockInfo(self.h, NVML_CLOCK_SM, ctypes.byref(v))
         return v.value
+
+    def power_limit_w(self) -> float:
+        """The enforced power limit (the cap the clock is held under)."""
+        v = ctypes.c_uint()
+        self.lib.nvmlDeviceGetEnforcedPowerLimit(self.h, ctypes.byref(v))
+        return v.value / 1000.0
 
     def power_w(self) -> float:
         v = ctypes.c_uint()
@@ -109,6 +139,7 @@ def main() -> int:
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated MxNxK")
     ap.add_argument("--configs", default="7,10,11", help="forced sm90 config ids (besides auto and cuBLASLt)")
     ap.add_argument("--per-channel", action="store_true", help="also the auto config with per-channel scale_b")
+    ap.add_argument("--data", default="randn", help=f"comma-separated operand value kinds: {', '.join(DATA_KINDS)}")
     ap.add_argument("--burn", type=float, default=0.6)
     ap.add_argument("--window", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=2)
@@ -117,13 +148,18 @@ def main() -> int:
     nv = Nvml()
     kern = kernels_module()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    e4, bf = torch.float8_e4m3fn, torch.bfloat16
+    bf = torch.bfloat16
     rows = []
-    print(f"{'shape':>20} {'candidate':>9} | {'TFLOPS':>7} {'MHz':>6} {'W':>5} {'pJ/FLOP':>8} {'util':>6}", flush=True)
-    for m, n, k in parse_shapes(args.shapes):
+    print(f"enforced power limit: {nv.power_limit_w():.0f} W", flush=True)
+    kinds = [d.strip() for d in args.data.split(",") if d.strip()]
+    for d in kinds:
+        if d not in DATA_KINDS:
+            raise SystemExit(f"energy_bench: unknown --data kind {d!r}; expected one of {DATA_KINDS}")
+    print(f"{'shape':>20} {'data':>6} {'candidate':>9} | {'TFLOPS':>7} {'MHz':>6} {'W':>5} {'pJ/FLOP':>8} {'util':>6}", flush=True)
+    for (m, n, k), data in ((shape, d) for shape in parse_shapes(args.shapes) for d in kinds):
         spec = f"{m}x{n}x{k}"
-        a = torch.randn(m, k, device="cuda").to(e4)
-        b = torch.randn(n, k, device="cuda").to(e4)
+        a = make_operand(m, k, data)
+        b = make_operand(n, k, data)
         s1, s2 = torch.tensor([0.7], device="cuda"), torch.tensor([1.3], device="cuda")
         fns = {"cublas": lambda: torch._scaled_mm(a, b.t(), scale_a=s1.reshape(()), scale_b=s2.reshape(()), out_dtype=bf),
                "auto": lambda: kern.sm90_gemm(a, b, s1, s2, None, bf)}
@@ -143,9 +179,9 @@ def main() -> int:
             tflops = flop / (best["ms_per_call"] * 1e-3) / 1e12
             pj = best["watts"] / tflops
             util = tflops * 1e12 / (best["mhz"] * 1e6 * sms * FP8_FLOP_PER_CLK_PER_SM)
-            rows.append({"M": m, "N": n, "K": k, "candidate": key, "tflops": tflops, "pj_per_flop": pj,
+            rows.append({"M": m, "N": n, "K": k, "data": data, "candidate": key, "tflops": tflops, "pj_per_flop": pj,
                          "util": util, **best, "rounds": rs})
-            print(f"{spec:>20} {key:>9} | {tflops:7.0f} {best['mhz']:6.0f} {best['watts']:5.0f} {pj:8.4f} {util:6.3f}",
+            print(f"{spec:>20} {data:>6} {key:>9} | {tflops:7.0f} {best['mhz']:6.0f} {best['watts']:5.0f} {pj:8.4f} {util:6.3f}",
                   flush=True)
         del a, b
     if args.json:

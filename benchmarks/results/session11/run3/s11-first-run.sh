@@ -5,12 +5,13 @@
 # card's own clock: duration, cycles, DRAM and L2 traffic, L2 hit rate, tensor-pipe activity, and the
 # stall reasons that differ (long scoreboard: waiting for TMA data; barrier). Shapes: 512 x 8192 x 8192
 # (14 -6%), 2048 x 57344 x 8192 (15 -8% vs 10), 8192 x 4096 x 4096 (15 +3% vs 7).
-# Then energy_bench of configs 10 / 15 at 8192^3 (the 1300 TFLOPS bar: is either at a higher clock?).
+# Then energy_bench of configs 7 / 14 / 10 / 15 on the two N >> M shapes: is the twins' steady-state loss
+# fewer FLOP per clock or a lower clock (more energy per FLOP)?
 # Then: run(command="bash benchmarks/prep/s11-first-run.sh")   -- ncu.txt + energy.txt in $OUT
 source benchmarks/device_prelude.sh
 rm -f $OUT/smoke.txt
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-M="gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_hit_rate.pct,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"
+M="gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_hit_rate.pct,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,l1tex__data_bank_reads.sum,l1tex__data_bank_writes.sum,l1tex__m_xbar2l1tex_read_bytes.sum,sm__cycles_elapsed.max"
 for spec in "512 8192 8192:7,14" "2048 57344 8192:10,15" "8192 4096 4096:7,15"; do
   shape=${spec%%:*}; cfgs=${spec##*:}
   for c in ${cfgs//,/ }; do
@@ -20,6 +21,6 @@ for spec in "512 8192 8192:7,14" "2048 57344 8192:10,15" "8192 4096 4096:7,15"; 
   done
 done; rm -f $OUT/n.txt
 echo "=== energy at $(el) s"
-timeout 120 python3 -P benchmarks/energy_bench.py --shapes 8192x8192x8192 --configs 10,15 --json $OUT/energy.json 2>&1 \
-  | tee $OUT/energy.txt | tail -8
+timeout 150 python3 -P benchmarks/energy_bench.py --shapes 512x8192x8192,2048x57344x8192 --configs 7,14,10,15 --json $OUT/energy.json 2>&1 \
+  | tee $OUT/energy.txt | tail -12
 echo "=== end $(el) s"
