@@ -43,6 +43,7 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
 from fp8_linear.backends.sm90 import kernels_module  # noqa: E402
+from fp8_linear.formats import fmt_max  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from steady_bench import parse_shapes  # noqa: E402
@@ -51,8 +52,8 @@ from steady_bench import parse_shapes  # noqa: E402
 FP8_FLOP_PER_CLK_PER_SM = 8192
 NVML_CLOCK_SM = 1
 DEFAULT_SHAPES = "8192x8192x8192,8192x6144x4096,2048x6144x4096,6144x6144x1280"
-#: Largest finite magnitude of float8_e4m3fn.
-E4M3_MAX = 448.0
+#: Largest finite magnitude of float8_e4m3fn (448).
+E4M3_MAX = fmt_max(torch.float8_e4m3fn)
 DATA_KINDS = ("randn", "scaled", "ones", "zeros")
 
 
