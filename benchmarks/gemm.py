@@ -1,5 +1,5 @@
 """GEMM benchmark: our sm90 kernel vs torch._scaled_mm (cuBLASLt, per-tensor and row-wise) vs bf16
-torch.matmul, on the DESIGN section 7 shape set, in one run.
+torch.matmul, on the docs/design.md section 7 shape set, in one run.
 
     python benchmarks/gemm.py                 # full shape set, JSON to benchmarks/results/
     python benchmarks/gemm.py --quick         # a few shapes

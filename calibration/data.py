@@ -1,6 +1,6 @@
 """Calibration and evaluation data in every form users already have, turned into token batches.
 
-Accepted forms (DESIGN section 3):
+Accepted forms (docs/design.md section 3):
 
 - ``None``: the embedded default corpus (``pydoc_data.topics``, real English that ships with Python),
   calibration split (needs a tokenizer);

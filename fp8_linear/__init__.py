@@ -1,6 +1,6 @@
 """fp8-linear: FP8 inference for Hugging Face models.
 
-Public API (DESIGN section 3)::
+Public API (docs/design.md section 3)::
 
     fp8_gemm(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16)
     quantize_fp8(x, fmt="e4m3", granularity="tensor", scale=None, rounding="nearest")

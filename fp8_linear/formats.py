@@ -1,4 +1,4 @@
-"""FP8 formats and the numerics contract (DESIGN section 2) in one place.
+"""FP8 formats and the numerics contract (docs/design.md section 2) in one place.
 
 ``x ~= q * scale`` with ``scale = amax / fmt_max``; maxima come from ``torch.finfo``.
 """

@@ -1,4 +1,4 @@
-"""``fp8_gemm``: the validated public GEMM entry point (DESIGN sections 2 and 4)."""
+"""``fp8_gemm``: the validated public GEMM entry point (docs/design.md sections 2 and 4)."""
 
 from __future__ import annotations
 

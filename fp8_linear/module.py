@@ -1,4 +1,4 @@
-"""``FP8Linear``: an ``nn.Linear`` replacement with FP8 weights (DESIGN section 3).
+"""``FP8Linear``: an ``nn.Linear`` replacement with FP8 weights (docs/design.md section 3).
 
 State-dict contract (compressed-tensors ``float-quantized``):
 

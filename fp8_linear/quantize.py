@@ -1,4 +1,4 @@
-"""Quantize / dequantize tensors to FP8 at every granularity of DESIGN section 2.
+"""Quantize / dequantize tensors to FP8 at every granularity of docs/design.md section 2.
 
 Granularities (``x`` is ``[..., K]``; weights are ``[out, in]``):
 

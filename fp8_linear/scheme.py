@@ -1,4 +1,4 @@
-"""``QuantScheme``: what to quantize and how (DESIGN section 3 presets)."""
+"""``QuantScheme``: what to quantize and how (docs/design.md section 3 presets)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ import torch
 MODE_STATIC, MODE_TOKEN, MODE_GROUP = 0, 1, 2
 #: Elements of a row each program handles per step (token / static modes).
 ROW_BLOCK = 1024
-#: Group width of the 1x128 activation groups (DESIGN section 2).
+#: Group width of the 1x128 activation groups (docs/design.md section 2).
 GROUP = 128
 #: Switch: ``0`` turns the fused path off (torch ops instead). On by default since it matched the
 #: CPU path bitwise on the GPU (torch's own CUDA ops do not: they divide by a Python scalar through

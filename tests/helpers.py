@@ -1,6 +1,6 @@
 """Shared test helpers (import as ``from helpers import calc_diff``; ``tests/`` is on sys.path).
 
-Independent references for the numerics contract (DESIGN section 7): fp64 math on the
+Independent references for the numerics contract (docs/design.md section 7): fp64 math on the
 dequantized FP8 tensors, compared with ``calc_diff = 1 - 2*sum(x*y) / sum(x*x + y*y)``.
 Nothing here calls the package's own expand/dequantize code, so the reference stays independent.
 """
@@ -11,9 +11,9 @@ import math
 
 import torch
 
-#: Block edge of 1x128 groups and 128x128 blocks (DESIGN section 2), restated independently.
+#: Block edge of 1x128 groups and 128x128 blocks (docs/design.md section 2), restated independently.
 BLOCK = 128
-#: Margin on the output-rounding error and the floor of the emulated backend (DESIGN section 7).
+#: Margin on the output-rounding error and the floor of the emulated backend (docs/design.md section 7).
 ROUNDING_MARGIN = 1.05
 EMULATED_FLOOR = 1e-12
 #: Floor for tensor-core kernels (cuBLASLt, sm90) against the reference.

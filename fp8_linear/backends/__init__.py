@@ -1,4 +1,4 @@
-"""Ordered GEMM backends and the dispatcher (DESIGN section 4).
+"""Ordered GEMM backends and the dispatcher (docs/design.md section 4).
 
 Order: ``sm90`` (our Hopper kernel) -> ``cublaslt`` (``torch._scaled_mm``) -> ``emulated``.
 The first backend whose ``supports(device)`` and ``can_run(problem)`` both say yes runs the

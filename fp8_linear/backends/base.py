@@ -1,4 +1,4 @@
-"""The GEMM backend interface (DESIGN section 4).
+"""The GEMM backend interface (docs/design.md section 4).
 
 A backend answers ``supports(device) -> (ok, reason)`` and ``can_run(problem) -> (ok, reason)``
 and runs a validated :class:`GemmProblem`. The dispatcher (``fp8_linear.backends``) walks the

@@ -1,4 +1,4 @@
-"""Checkpoints: save / load in compressed-tensors and the other FP8 formats (DESIGN section 6).
+"""Checkpoints: save / load in compressed-tensors and the other FP8 formats (docs/design.md section 6).
 
 - :func:`save_quantized` writes compressed-tensors ``float-quantized`` (``save.py``, ``ct_config.py``).
 - :func:`load_quantized` reads ours, llm-compressor's, vLLM/AutoFP8 ``fp8``, transformers

@@ -15,7 +15,7 @@ FIXTURES = os.path.join(os.path.dirname(HERE), "fixtures")
 FRESH_LOAD = os.path.join(HERE, "fresh_load.py")
 #: Subprocess wall-clock limit (s): loading eight checkpoints on a busy 2-core CI box.
 SUBPROCESS_TIMEOUT = 900
-#: The four presets of DESIGN section 3, in the order tests run them.
+#: The four presets of docs/design.md section 3, in the order tests run them.
 PRESET_NAMES = ("fp8-tensor", "fp8-channel", "fp8-dynamic", "fp8-block")
 #: Tiny Llama whose Linear shapes are multiples of 128 (compressed-tensors' 1x128 groups need that).
 TINY_LLAMA = dict(vocab_size=256, hidden_size=256, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,

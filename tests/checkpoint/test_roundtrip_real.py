@@ -13,7 +13,7 @@ from safetensors import safe_open
 from ckpt_helpers import PRESET_NAMES
 
 
-#: Weight-scale shape per weight granularity for a ``[out, in]`` weight (DESIGN section 2).
+#: Weight-scale shape per weight granularity for a ``[out, in]`` weight (docs/design.md section 2).
 SCALE_SHAPE = {
     "tensor": lambda o, i: [1],
     "channel": lambda o, i: [o, 1],

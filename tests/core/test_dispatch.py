@@ -1,4 +1,4 @@
-"""GEMM dispatch rules (DESIGN section 4): forcing, log-once, reasons, fallback."""
+"""GEMM dispatch rules (docs/design.md section 4): forcing, log-once, reasons, fallback."""
 
 from __future__ import annotations
 

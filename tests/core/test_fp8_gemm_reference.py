@@ -1,4 +1,4 @@
-"""fp8_gemm on the emulated backend against fp64 math on the dequantized operands (DESIGN section 7).
+"""fp8_gemm on the emulated backend against fp64 math on the dequantized operands (docs/design.md section 7).
 
 Bar: calc_diff(out, ref) <= 1.05 x calc_diff(ref rounded to out_dtype, ref) + 1e-12.
 """
@@ -15,7 +15,7 @@ from fp8_linear import fp8_gemm
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT = (torch.bfloat16, torch.float16, torch.float32)
-#: (M, N, K): awkward sizes of DESIGN section 7, kept small enough for a 2-core CPU.
+#: (M, N, K): awkward sizes of docs/design.md section 7, kept small enough for a 2-core CPU.
 SHAPES = [(1, 72, 48), (7, 72, 1040), (64, 200, 128), (127, 4104, 48), (3, 16, 16400), (130, 257, 300)]
 #: scale_a kinds x scale_b kinds that fp8_gemm accepts.
 SCALE_PAIRS = [(a, b) for a in ("tensor", "row", "group") for b in ("tensor", "row", "block")]

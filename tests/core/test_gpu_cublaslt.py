@@ -1,6 +1,6 @@
 """GPU: the default GEMM path (sm90 when built, else cuBLASLt) and forced cuBLASLt against emulated.
 
-DESIGN section 7 shape set (Llama-3 8B / 70B linear layers) with a subsample of M, every preset,
+docs/design.md section 7 shape set (Llama-3 8B / 70B linear layers) with a subsample of M, every preset,
 through ``FP8Linear``; ``fp8-block`` must fall to a backend that takes block scales (cuBLASLt refuses).
 Bar: calc_diff(backend, forced emulated) < 1e-5, for ``backend`` = the default choice (env unset;
 passes whether or not the sm90 kernel exists) and ``cublaslt`` forced (which must refuse fp8-block). Run: ``pytest -m gpu tests/core/test_gpu_cublaslt.py``.
@@ -31,14 +31,14 @@ pytestmark = [
     ),
 ]
 
-#: (N, K) of the Llama-3 8B and 70B qkv / o / gate_up / down layers (DESIGN section 7).
+#: (N, K) of the Llama-3 8B and 70B qkv / o / gate_up / down layers (docs/design.md section 7).
 LLAMA_NK = [
     (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
     (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672),
 ]
 #: A subsample of M in 1, 16, 64, 128, 512, 2048, 4096, 8192 (decode, small, large).
 M_SUBSAMPLE = (1, 16, 128, 2048)
-#: Extra (M, N, K) of DESIGN section 7.
+#: Extra (M, N, K) of docs/design.md section 7.
 EXTRA_MNK = [(8192, 8192, 4096), (1024, 4096, 2048), (6144, 6144, 1280)]
 BAR = 1e-5
 #: Calibrated input amax for the static presets (activations are N(0, 1)).

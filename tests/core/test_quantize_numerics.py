@@ -1,4 +1,4 @@
-"""quantize_fp8 / dequantize_fp8 against the numerics contract (DESIGN section 2)."""
+"""quantize_fp8 / dequantize_fp8 against the numerics contract (docs/design.md section 2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""QuantScheme presets (DESIGN section 3) and normalization of equivalent spellings."""
+"""QuantScheme presets (docs/design.md section 3) and normalization of equivalent spellings."""
 
 from __future__ import annotations
 

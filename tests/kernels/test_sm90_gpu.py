@@ -1,6 +1,6 @@
 """GPU tests of the sm90 FP8 GEMM kernel against fp64 math on the dequantized inputs.
 
-Bars (DESIGN section 7): fp32 out calc_diff <= 1e-8 (+ rounding); bf16/fp16 out <= 1.05 x the error
+Bars (docs/design.md section 7): fp32 out calc_diff <= 1e-8 (+ rounding); bf16/fp16 out <= 1.05 x the error
 of rounding the exact result to that dtype + 1e-8. Outputs are NaN-poisoned before every launch and
 must come back finite everywhere.
 """

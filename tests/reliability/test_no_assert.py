@@ -1,4 +1,4 @@
-"""No ``assert`` for validation in the package source (DESIGN section 8): ``python -O`` strips
+"""No ``assert`` for validation in the package source (docs/design.md section 8): ``python -O`` strips
 asserts, so a check written as one silently disappears. Scans the AST of every module."""
 
 from __future__ import annotations
