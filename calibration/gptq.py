@@ -23,7 +23,7 @@ Measured, off by default (:data:`ACT_ORDER`; every function here takes ``act_ord
 fp8-channel with 1024 calibration sentences, mean cosine 0.99816 -> 0.99836
 (``benchmarks/minilm_fidelity.py``); SmolLM2 main job (16 windows) KL lower for every preset
 (-5% to -13%), but perplexity vs fp32 worse for fp8-dynamic (+1.29% -> +1.87%) and fp8-block
-(+1.35% -> +1.84%), which would break issue 3's "best preset within +1.5%"
+(+1.35% -> +1.84%), which would break the bar "best preset within +1.5%"
 (``benchmarks/results/compare_smollm2_cpu_20261129_w16`` vs ``..._w16_actorder``).
 
 Memory: one ``[in, in]`` fp64 matrix (plus its factor) per distinct layer input.

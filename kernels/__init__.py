@@ -1,4 +1,4 @@
-"""Hopper (sm_90a) FP8 GEMM kernel: CUDA sources, the JIT builder and the torch op (issue 4).
+"""Hopper (sm_90a) FP8 GEMM kernel: CUDA sources, the JIT builder and the torch op.
 
 Importing this package registers ``torch.ops.fp8_linear.sm90_gemm`` (with a fake implementation for
 ``torch.compile``) and builds nothing: the CUDA extension is built on the first call.

@@ -37,21 +37,21 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(2, 32, True, 4, split_k=True),
     KernelConfig(3, 64, True, 4, split_k=True),
     KernelConfig(4, 128, False, 2),  # promotion every 64: comparison, not selected (20% slower)
-    KernelConfig(5, 128, False, 1, 2),  # 2-CTA cluster, B multicast: correct, ~2% slower than 0 (run 11)
+    KernelConfig(5, 128, False, 1, 2),  # 2-CTA cluster, B multicast: correct, ~2% slower than 0 (kernel-log v6)
     KernelConfig(6, 192, False, 1),  # 128 x 192 tile: less shared-memory and L2 traffic per FLOP
     KernelConfig(7, 128, False, 1, 1, True, split_k=True),  # 0 with two accumulators (wgmma.wait_group 1)
-    KernelConfig(8, 128, False, 1, 2, True),  # 7 on 2-CTA clusters, B multicast: 8% slower than 7 (run 13)
+    KernelConfig(8, 128, False, 1, 2, True),  # 7 on 2-CTA clusters, B multicast: 8% slower than 7 (kernel-log v8)
     KernelConfig(9, 128, False, 1, 1, True, True),  # 7 + epilogue overlapped with the next tile (v9; slower)
     KernelConfig(10, 144, False, 1, 1, True, split_k=True),  # 7 on a 128 x 144 tile (v10)
     KernelConfig(11, 144, False, 1, 2, True),  # 10 on 2-CTA clusters, B multicast (v11)
     KernelConfig(12, 128, False, 1, 1, True, carry=True),  # 7, next tile's kb 0 under the epilogue (v13): = 7 (+0.2%)
-    KernelConfig(13, 144, False, 1, 1, True, carry=True),  # 10, the same (v13): = 10 (+0.1%, session 5 run 1)
+    KernelConfig(13, 144, False, 1, 1, True, carry=True),  # 10, the same (v13): = 10 (+0.1%, docs/kernel-log.md v13)
     KernelConfig(14, 128, True, 1, 1, True),  # 7 with A/B swapped: per-channel scale_b as a row scale (v21)
     KernelConfig(15, 144, True, 1, 1, True),  # 10 with A/B swapped (v21)
 )
 
 #: Config for M > 64 when no candidate below is better (the large-M workhorse): 128 x 128 with two
-#: accumulators. Config 0 (one accumulator, 10% slower in run 12) stays selectable with
+#: accumulators. Config 0 (one accumulator, 10% slower: docs/kernel-log.md v7) stays selectable with
 #: FP8_LINEAR_SM90_CONFIG=0.
 LARGE_M_CONFIG = 7
 
@@ -61,28 +61,28 @@ LARGE_M_CONFIG = 7
 #: waves x tile width x (k-blocks + overhead) / throughput and takes the fastest, so a wider tile wins
 #: only where its coarser waves and costlier epilogue cost less than its per-FLOP gain. Config 10's
 #: pair (1.019 x config 7's throughput, 2.0 k-blocks like config 7) is the least-squares fit to the
-#: 27-shape steady-state run 17 (its strip through TMA); config 7's 2 k-blocks is v8's tile-boundary cost.
-#: Checked again after config 7 got its sixth stage (session 4, run 3, forced 7 and 10 on the 27 shapes):
+#: 27-shape steady-state measurement of v11 (its strip through TMA); config 7's 2 k-blocks is v8's tile-boundary
+#: cost. Checked again after config 7 got its sixth stage (v12, forced 7 and 10 on the 27 shapes):
 #: this choice gives 0.986 of cuBLASLt, the per-shape best 0.988, a refit 0.987; left as it is.
-#: Config 10's overhead is 2.25 k-blocks since session 9 (its epilogue is wider: 144 columns, 16 of them
-#: through a second TMA store): at 6144^2 x 1280 config 7 was level or faster in every measurement since session 4:
-#: forced steady 7/10 1.008, 1.022, 0.999 (sessions 4-5), 1.020 and 1.042 (session 9, runs 1-2), ncu
-#: 131.7 vs 135.2 kilocycles (session 9, run 2) and 83.71 vs 84.90 us (session 8, run 2). Over the 68
+#: Config 10's overhead is 2.25 k-blocks since v18-v20 (its epilogue is wider: 144 columns, 16 of them
+#: through a second TMA store): at 6144^2 x 1280 config 7 was level or faster in every measurement since v12:
+#: forced steady 7/10 1.008, 1.022, 0.999 (v12-v14), 1.020 and 1.042 (v18-v20), ncu
+#: 131.7 vs 135.2 kilocycles (v18-v20) and 83.71 vs 84.90 us (v16); docs/kernel-log.md. Over the 68
 #: shapes of benchmarks/gemm.py the change moves only that one (tests/kernels/test_sm90_logic.py).
 CONFIG10_OVERHEAD_KB = 2.25
 LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
-    (LARGE_M_CONFIG, 1.107, 2.0),  # run 12
-    (6, 1.086, 2.0),  # run 12
-    (10, 1.107 * 1.019, CONFIG10_OVERHEAD_KB),  # run 17 (steady state); overhead: session 9
+    (LARGE_M_CONFIG, 1.107, 2.0),  # docs/kernel-log.md v7
+    (6, 1.086, 2.0),  # docs/kernel-log.md v7
+    (10, 1.107 * 1.019, CONFIG10_OVERHEAD_KB),  # v11 (steady state); overhead: v18-v20
 )
 
 #: Swapped twins of the large-M candidates: config 14 = 7 and config 15 = 10 with A/B swapped (the
 #: weight's rows on wgmma's M side; scale_b[n] is then a per-thread row scale loaded at the tile start,
-#: so per-channel weight scales cost the epilogue nothing: ncu at 6144^2 x 1280, session 10 run 1,
+#: so per-channel weight scales cost the epilogue nothing: ncu at 6144^2 x 1280, docs/kernel-log.md v21,
 #: config 14 84.38 / 84.19 us per-tensor / per-channel against config 7's 84.19 / 85.66). Throughput
 #: and overhead as their non-swapped twins (the same tile, transposed). With ``swap_ok``
 #: (:func:`select_config`) they are taken whenever N <= M: the kernel's row blocks then run over the
-#: smaller dimension, which measured about as fast or faster (steady, session 10 runs 2-4: at M = 8192,
+#: smaller dimension, which measured about as fast or faster (steady, docs/kernel-log.md v21: at M = 8192,
 #: N = 4096 / 6144 the twins 2-3.5% faster; at N = M from 0.9% slower to 1.9% faster), while with N > M they
 #: were slower (M = 512, N = 4096-57344: 4-6.5%; 2048 x 57344 x 8192: 5%).
 SWAPPED_TWIN = {7: 14, 10: 15}
@@ -91,7 +91,7 @@ SWAPPED_LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = tuple(
 
 #: For 32 < M <= 64, the swapped 64-wide tile (config 3) only where N is large: with at most this many
 #: 128-row blocks of N the large-M path (config 7: a 128-row tile, half of it zero-filled by TMA) is
-#: faster. Measured (H200, session 6 run 6, `benchmarks/splitk_bench.py --ms 32,64 --configs 3,7`,
+#: faster. Measured (H200, docs/kernel-log.md "Split K", `benchmarks/splitk_bench.py --ms 32,64 --configs 3,7`,
 #: M = 64, us per call, config 3 vs 7): N = 4096 x K 4096 20.2 vs 16.6, 6144 x 4096 20.8 vs 18.2,
 #: 4096 x 14336 49.1 vs 41.2, 8192 x 8192 33.8 vs 32.8 (within noise); config 3 ahead from N = 10240
 #: (35.9 vs 37.6, 57344 x 8192: 152.5 vs 171.6). Config 3 promotes its four accumulators every 32 of
@@ -104,7 +104,7 @@ ENV_CONFIG = "FP8_LINEAR_SM90_CONFIG"
 ENV_SPLITS = "FP8_LINEAR_SM90_SPLITS"
 #: Split K only when the output tiles fill at most this fraction of the SMs...
 SPLIT_MAX_BUSY_FRACTION = 0.25
-#: ...and give every split at least this many 128-wide k-blocks. Both measured (H200, session 6 run 5,
+#: ...and give every split at least this many 128-wide k-blocks. Both measured (H200, docs/kernel-log.md "Split K",
 #: benchmarks/splitk_bench.py on the Llama shapes with M = 1..256): a split pays only where each CTA
 #: keeps a long K range (4096 x 14336: 4 splits of 28 k-blocks, 1.14-1.59x faster); with 32-64
 #: k-blocks per tile, or half the SMs already busy, the partials' round trip and the second launch

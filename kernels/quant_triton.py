@@ -1,7 +1,7 @@
 """Fused activation quantization for CUDA tensors (Triton): one launch instead of ~4-12 torch ops.
 
 Same formula as the torch path in ``fp8_linear.quantize``, bitwise equal to the CPU path (FP8 bits
-and scales; tests/core/test_gpu_fused_quant.py, 30 of 30 cases on an H200, device run A of session 2):
+and scales; tests/core/test_gpu_fused_quant.py, 30 of 30 cases on an H200):
 ``q = cast_rne(clamp(x_fp32 / scale, -fmt_max, fmt_max))`` with IEEE division; for dynamic modes
 ``scale = max(amax_finite / fmt_max, MIN_SCALE)`` per row (token) or per 1x128 group.
 

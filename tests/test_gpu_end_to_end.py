@@ -2,8 +2,8 @@
 
 The model loaded with ``device_map="cuda"`` must give the logits of the same checkpoint run on the
 CPU through the emulated backend, every preset, and the backend that ran must be the first able one
-of the ordered list (sm90 on Hopper). The bar is DESIGN's model-level 1e-3: a tensor-core GEMM
-differs from the fp32 reference by calc_diff ~8e-9 per layer (H200, scripts run 10), and those
+of the ordered list (sm90 on Hopper). The bar is docs/design.md section 7's model-level 1e-3: a tensor-core GEMM
+differs from the fp32 reference by calc_diff ~8e-9 per layer (measured on an H200), and those
 differences flip a few FP8 roundings when the next layer quantizes its input, so logits of a
 2-layer model differ by ~4e-4 (measured 4.2e-4 to 4.8e-4 on sm90, < 1e-5 for the emulated fp8-block).
 """

@@ -1,4 +1,4 @@
-"""The ``sm90`` backend: our Hopper (sm_90a) FP8 GEMM kernel (docs/design.md section 5, issue 4).
+"""The ``sm90`` backend: our Hopper (sm_90a) FP8 GEMM kernel (docs/design.md section 5).
 
 Importing this module needs no CUDA and builds nothing. ``supports`` checks the device and the
 toolchain; the extension is built lazily on the first ``run`` (once, behind a lock, cached on disk

@@ -13,7 +13,7 @@
 #include "sm90_api.h"
 
 // Argument checks of the functions below. Messages are built with std::to_string and string
-// appends only, never with an ostream: on the H200 image (session 4, run C) a check streaming an
+// appends only, never with an ostream: on the H200 image a check streaming an
 // integer through c10::str (std::ostringstream) crashed the process with a segfault, whether it threw
 // c10::Error (TORCH_CHECK) or std::runtime_error, while the same checks with string-only messages
 // raised normally. (Likely a libstdc++ mismatch between this g++ 13 build and the libstdc++ the

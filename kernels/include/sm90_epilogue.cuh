@@ -189,7 +189,7 @@ __device__ __forceinline__ void stage_tile_16bit(const float (&acc)[BN / 2], con
   // With column vectors to read (every mode but kUniform), every value is computed and packed before
   // the first shared-memory store: a load from the shared vectors may not move below a store that
   // could alias it, so with the stores interleaved each load's latency was exposed once per 16 columns
-  // (ncu, session 7 run 2: the per-channel launch's FFMAs waiting on short_sb at 6144^2 x 1280). The
+  // (ncu, docs/kernel-log.md: the per-channel launch's FFMAs waiting on short_sb at 6144^2 x 1280). The
   // packed tile takes half the accumulator's registers. kUniform loads nothing and keeps the
   // interleaved order (its code is unchanged), and so does config 9 (PACK_FIRST false: it keeps the
   // next tile's k-blocks in flight here, and the packed tile spilled 52 bytes).

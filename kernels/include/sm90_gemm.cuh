@@ -34,10 +34,10 @@
 
 namespace fp8sm90 {
 
-// CARRY (configs 12, 13; measured in session 5: no faster than 7 / 10, not selected): config 7's / 10's two accumulators, with
+// CARRY (configs 12, 13; measured, kernel-log v13: no faster than 7 / 10, not selected): config 7's / 10's two accumulators, with
 // each tile's first k-block issued BEFORE the previous tile's epilogue, so that the tensor cores work
 // through the epilogue (configs 7/10 drain at every tile end: wait_group 0, promote, epilogue, and
-// only then the next MMA; benchmarks/NOTES.md, session 4). One warpgroup's schedule, one flat loop over
+// only then the next MMA; docs/kernel-log.md v12). One warpgroup's schedule, one flat loop over
 // k-block pairs, n = num_kb even (the host routes odd n to the base kernel):
 //   kb 0 -> a0 (issued before the previous epilogue), kb 1 -> a1, kb 2 -> a0, ..., kb n-1 -> a1;
 //   each issue is followed by wait_group 1 (the previous k-block retired), its stage's release and its

@@ -1,5 +1,5 @@
 // Thin inline-PTX wrappers for Hopper (sm_90a): mbarrier, TMA, wgmma, setmaxnreg.
-// Written for fp8_linear (issue 4). No CUTLASS/CuTe.
+// Written for fp8_linear. No CUTLASS/CuTe.
 #pragma once
 #include <cstdint>
 #include <cuda.h>

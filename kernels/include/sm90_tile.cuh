@@ -110,7 +110,7 @@ struct RegSplit {
 // num_n) holds row blocks [g x group_m, + group_m) (the last group may hold fewer), column-major inside.
 // The divisions use the host's FastDiv constants (EpiParams::div_*): with `/` each one was ~30
 // dependent instructions at every tile start, while the tensor cores wait (ncu source counters,
-// session 7 run 2: about 5% of the consumer warps' samples at 6144^2 x 1280).
+// docs/kernel-log.md "Per-channel cost": about 5% of the consumer warps' samples at 6144^2 x 1280).
 __device__ __forceinline__ void tile_coords(int t, int num_m, const EpiParams& ep, int& mb, int& nb) {
   const int g = fast_div(t, ep.div_per_group);
   const int first_m = g * ep.group_m;
@@ -126,7 +126,7 @@ __device__ __forceinline__ void tile_coords(int t, int num_m, const EpiParams& e
 // `splits` consecutive work items (t = tile * splits + split), split s covering k-blocks
 // [s * kb_per, min((s + 1) * kb_per, num_kb)). The host picks kb_per so that no range is empty.
 // SPLIT = false (every launch without split K: its own kernel instance, so the split's index
-// arithmetic costs the large-M kernels nothing; measured 1-2% when it did, session 6 run 7): one tile
+// arithmetic costs the large-M kernels nothing; measured 1-2% when it did: docs/kernel-log.md): one tile
 // per item, all k-blocks.
 template <bool SPLIT>
 __device__ __forceinline__ void split_tile(int t, const EpiParams& ep, int num_kb, int& tile, int& split, int& kb0,

@@ -33,7 +33,7 @@ CUDA_FLAGS = (
 #: Host flags of the torch binding. No -std here: torch.utils.cpp_extension passes the standard its
 #: own headers were built with (C++20 for current torch); forcing -std=c++17 compiled torch's
 #: headers in another language mode than libtorch. (Removing it did not cure the crash of a failing
-#: TORCH_CHECK seen on the H200 in session 3: see FP8_CHECK in csrc/binding.cpp.)
+#: TORCH_CHECK seen on the H200 image: see FP8_CHECK in csrc/binding.cpp.)
 CXX_FLAGS = ("-O3",)
 
 BUILD_MESSAGE = "fp8_linear: building sm90 kernel (first use)..."

@@ -13,7 +13,7 @@ from fp8_linear.calibration.data import corpus_text
 from fp8_linear.calibration.evaluate import evaluate_models
 from fp8_linear.models import load_model
 
-#: Issue 3: mean embedding cosine of all-MiniLM-L6-v2 to the unquantized model with fp8-channel.
+#: The bar: mean embedding cosine of all-MiniLM-L6-v2 to the unquantized model with fp8-channel.
 MINILM_COSINE_BAR = 0.999
 
 
@@ -24,7 +24,7 @@ def minilm():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="issue 3 bar 0.999 not reached: fp8-channel 0.99745 here (517 calibration tokens: too few "
+@pytest.mark.xfail(reason="bar 0.999 not reached: fp8-channel 0.99745 here (517 calibration tokens: too few "
                           "for GPTQ); best fp8-channel method measured 0.99846 (1024 sentences, GPTQ with H from all "
                           "17783 tokens + act-order); GPTAQ-style targets that account for activation rounding "
                           "(0.99826) or upstream error too (0.99798) do not help. Split: e4m3 activation rounding alone "

@@ -1,4 +1,4 @@
-"""Saving is atomic (issue 5 item 2): a save killed midway leaves no folder that ``load_quantized``
+"""Saving is atomic: a save killed midway leaves no folder that ``load_quantized``
 accepts; a non-empty target is refused unless ``overwrite=True``; a finished save leaves nothing else."""
 
 from __future__ import annotations

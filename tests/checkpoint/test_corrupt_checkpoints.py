@@ -1,5 +1,5 @@
 """Broken checkpoints are refused with a CheckpointError naming the tensor or file, the expected and
-the actual value (docs/design.md section 8, issue 5): one sharded checkpoint of a tiny Llama (``fp8-tensor``,
+the actual value (docs/design.md section 8): one sharded checkpoint of a tiny Llama (``fp8-tensor``,
 so every kind of tensor is present), copied and damaged once per case."""
 
 from __future__ import annotations

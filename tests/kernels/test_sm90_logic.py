@@ -121,7 +121,7 @@ def test_select_config(m, n, cid, bn, swap, monkeypatch):
 
 def test_select_config_wave_model(monkeypatch):
     """A wider tile wins only where its coarser waves and costlier epilogue cost less than its per-FLOP
-    gain (runs 12 and 16)."""
+    gain (docs/kernel-log.md v7 and v10)."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     c7, c6, c10 = configs.CONFIGS[7], configs.CONFIGS[6], configs.CONFIGS[10]
     # 8192^3: 4096 tiles = 31.03 waves of 132 (32 launched) vs 64 x 43 = 2752 tiles = 20.85 (21)
@@ -141,7 +141,7 @@ def test_select_config_wave_model(monkeypatch):
     # one wave either way (few tiles): the narrower tile finishes first
     assert configs.select_config(128, 4096, 4096).id == 7
     # short K: 18 waves of 128 x 128 against 16 of 128 x 144, and config 10's wider epilogue (2.25
-    # k-blocks a tile) weighs more over 10 k-blocks (measured: config 7 1-4% faster, session 9)
+    # k-blocks a tile) weighs more over 10 k-blocks (measured: config 7 1-4% faster, kernel-log v18-v20)
     assert configs.select_config(6144, 6144, 1280).id == 7
 
 
@@ -190,7 +190,7 @@ def test_swap_ok(sa, dtype, want):
 
 
 def test_config10_overhead_moves_only_the_short_k_shape(monkeypatch):
-    """Session 9 raised config 10's tile overhead from 2.0 to 2.25 k-blocks for 6144^2 x 1280; on the
+    """Kernel-log v18-v20 raised config 10's tile overhead from 2.0 to 2.25 k-blocks for 6144^2 x 1280; on the
     68 shapes of benchmarks/gemm.py that is the only choice it changes."""
     import pathlib
     import sys

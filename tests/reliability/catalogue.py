@@ -1,7 +1,7 @@
 """The bad-input catalogue format shared by the ``test_bad_*`` files of this folder.
 
 A :class:`Bad` case is one call that must fail with a typed error whose message names the
-argument, the expected value and the actual value (docs/design.md section 8, issue 5).
+argument, the expected value and the actual value (docs/design.md section 8).
 """
 
 from __future__ import annotations
