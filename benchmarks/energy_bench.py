@@ -1,6 +1,6 @@
 """Energy per FLOP and clock of each GEMM candidate in steady state (NVML, no extra packages).
 
-The H200 runs these GEMMs at its power cap (benchmarks/NOTES.md v10): the kernel that spends less
+The H200 runs these GEMMs at its power cap (docs/kernel-log.md v10): the kernel that spends less
 energy per FLOP gets the higher clock. This script separates the two factors of a candidate's speed:
 
     TFLOPS = SM clock x (FLOP per SM clock)          (how busy the tensor cores are per cycle)
@@ -21,7 +21,7 @@ produces), ``ones`` (every value 1.0) and ``zeros``. Several kinds (comma-separa
 ``--per-channel`` adds ``auto_ch``: the auto config with per-channel weight scales (is per-channel's
 extra time at long K a lower clock, i.e. more energy per FLOP, or fewer FLOP per clock?).
 
-Usage: python benchmarks/energy_bench.py [--shapes 8192x8192x8192,...] [--configs 7,10,11] [--per-channel]
+Usage: python -m benchmarks.energy_bench [--shapes 8192x8192x8192,...] [--configs 7,10,11] [--per-channel]
        [--data randn,scaled,ones,zeros] [--burn 0.6] [--window 1.0] [--rounds 2] [--json out.json]
 """
 
@@ -32,45 +32,18 @@ import ctypes
 import json
 import pathlib
 import statistics
-import sys
 import threading
 import time
 
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.append(str(ROOT))
-
-from fp8_linear.backends.sm90 import kernels_module  # noqa: E402
-from fp8_linear.formats import fmt_max  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from steady_bench import parse_shapes  # noqa: E402
+from benchmarks.common.operands import DATA_KINDS, make_operand
+from benchmarks.common.shapes import parse_shapes
 
 #: Dense FP8 tensor-core FLOP per SM per clock on Hopper (4096 FMA).
 FP8_FLOP_PER_CLK_PER_SM = 8192
 NVML_CLOCK_SM = 1
 DEFAULT_SHAPES = "8192x8192x8192,8192x6144x4096,2048x6144x4096,6144x6144x1280"
-#: Largest finite magnitude of float8_e4m3fn (448).
-E4M3_MAX = fmt_max(torch.float8_e4m3fn)
-DATA_KINDS = ("randn", "scaled", "ones", "zeros")
-
-
-def make_operand(rows: int, k: int, kind: str, device: str = "cuda") -> torch.Tensor:
-    """A ``[rows, k]`` float8_e4m3fn tensor (row-major, K contiguous) of the given value kind (``--data``)."""
-    if kind == "randn":
-        x = torch.randn(rows, k, device=device)
-    elif kind == "scaled":
-        x = torch.randn(rows, k, device=device)
-        x = x * (E4M3_MAX / x.abs().max())
-    elif kind == "ones":
-        x = torch.ones(rows, k, device=device)
-    elif kind == "zeros":
-        x = torch.zeros(rows, k, device=device)
-    else:
-        raise ValueError(f"unknown data kind {kind!r}; expected one of {DATA_KINDS}")
-    return x.to(torch.float8_e4m3fn)
 
 
 class Nvml:
@@ -147,7 +120,8 @@ def main() -> int:
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     nv = Nvml()
-    kern = kernels_module()
+    import fp8_linear.kernels as kern
+
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bf = torch.bfloat16
     rows = []
@@ -157,7 +131,7 @@ def main() -> int:
         if d not in DATA_KINDS:
             raise SystemExit(f"energy_bench: unknown --data kind {d!r}; expected one of {DATA_KINDS}")
     print(f"{'shape':>20} {'data':>6} {'candidate':>9} | {'TFLOPS':>7} {'MHz':>6} {'W':>5} {'pJ/FLOP':>8} {'util':>6}", flush=True)
-    for (m, n, k), data in ((shape, d) for shape in parse_shapes(args.shapes) for d in kinds):
+    for (m, n, k), data in ((shape.mnk, d) for shape in parse_shapes(args.shapes) for d in kinds):
         spec = f"{m}x{n}x{k}"
         a = make_operand(m, k, data)
         b = make_operand(n, k, data)

@@ -1,19 +1,14 @@
 """Small awkward-shape sweep over every sm90 kernel config, format pair, scale kind and out dtype
-(and split K where the shapes or a forced factor give it); run under compute-sanitizer by benchmarks/sanitize.sh. Exits 1 on a wrong result."""
+(and split K where the shapes or a forced factor give it); run under compute-sanitizer by
+benchmarks/tools/sanitize.sh. Exits 1 on a wrong result.
+
+    python -m benchmarks.tools.sanitize_driver [--configs 1,7]"""
 
 from __future__ import annotations
 
-import importlib
-import pathlib
 import sys
 
 import torch
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from fp8_linear.backends.sm90 import kernels_module  # noqa: E402
 
 
 def main() -> int:
@@ -22,8 +17,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", default="", help="comma list of config ids (default: all)")
     args = ap.parse_args()
-    kern = kernels_module()
-    configs = importlib.import_module(kern.__name__ + ".configs")
+    import fp8_linear.kernels as kern
+    from fp8_linear.kernels import configs
     torch.manual_seed(0)
     fmts = [(torch.float8_e4m3fn, torch.float8_e4m3fn), (torch.float8_e4m3fn, torch.float8_e5m2),
             (torch.float8_e5m2, torch.float8_e4m3fn), (torch.float8_e5m2, torch.float8_e5m2)]
@@ -41,8 +36,8 @@ def main() -> int:
     for cfg in cfgs:
         c = configs.CONFIGS[cfg]
         cfg_shapes = [(*s, None) for s in shapes]
-        cfg_shapes += [(*s, None) for s in multi_tile] if (c.overlap or c.carry or c.id == configs.LARGE_M_CONFIG
-                                                               or c.swap_tma_store) else []
+        cfg_shapes += [(*s, None) for s in multi_tile] if (getattr(c, "overlap", False) or getattr(c, "carry", False)
+                                                               or c.id == configs.LARGE_M_CONFIG or c.swap_tma_store) else []
         # split K forced (17 k-blocks -> 5 ranges of 4, the last of 1; M / N tails) where the config can split
         cfg_shapes += [(70, 300, 2064, 5)] if c.split_k else []
         for i, (m, n, k, splits) in enumerate(cfg_shapes):

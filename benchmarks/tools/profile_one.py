@@ -1,22 +1,14 @@
 """Launch one sm90 GEMM config on one shape a few times: the target for `ncu` profiling.
 
 Usage: ncu --kernel-name regex:'sm90|nvjet'  --launch-skip 2 --launch-count 1 \
-           python3 -P benchmarks/profile_one.py --config 0 --shape 8192 8192 8192
+           python3 -m benchmarks.tools.profile_one --config 0 --shape 8192 8192 8192
 """
 
 from __future__ import annotations
 
 import argparse
-import pathlib
-import sys
 
 import torch
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.append(str(ROOT))
-
-from fp8_linear.backends.sm90 import kernels_module  # noqa: E402
 
 
 def main() -> int:
@@ -29,7 +21,8 @@ def main() -> int:
     m, n, k = args.shape
     if args.config < 0 and args.channel:
         raise SystemExit("profile_one: --channel needs an sm90 config (the cuBLASLt target is per-tensor)")
-    kern = kernels_module()
+    import fp8_linear.kernels as kern
+
     a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
     sa = torch.ones(1, device="cuda")

@@ -4,12 +4,12 @@ the SASS lines whose samples changed most.
 
 The exports come from
     ncu --section SourceCounters --page source --print-source sass --csv ... > a.csv
-(``benchmarks/results/session8/run2/run2.sh``). Lines are matched by their index in the listing, not by
+(``benchmarks/tools/device_run.sh ncusrc``). Lines are matched by their index in the listing, not by
 address: the same SASS loads at a different address in every process, so the addresses differ between
 runs even when the instructions are identical. The two listings must have the same length and the same
 instruction at every index (addresses inside the text are ignored); otherwise this stops with an error.
 
-Usage: python benchmarks/ncu_source_diff.py a.csv b.csv [--top 25]
+Usage: python -m benchmarks.tools.ncu_source_diff a.csv b.csv [--top 25]
 """
 
 from __future__ import annotations

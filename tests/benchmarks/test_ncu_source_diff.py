@@ -1,15 +1,13 @@
-"""CPU tests of benchmarks/ncu_source_diff.py on small exports written like ncu's ``--page source --csv``."""
+"""CPU tests of benchmarks/tools/ncu_source_diff.py on small exports written like ncu's ``--page source --csv``."""
 
 from __future__ import annotations
 
 import csv
 import pathlib
-import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-import ncu_source_diff as nsd  # noqa: E402
+from benchmarks.tools import ncu_source_diff as nsd
 
 HEADER = ["Address", "Source", nsd.SAMPLES, nsd.EXECUTED, "stall_short_sb", "stall_wait",
           "stall_short_sb (Not Issued)"]

@@ -1,16 +1,11 @@
 """Print the CUDA kernel names torch._scaled_mm (cuBLASLt) and our sm90 op launch for given shapes
-(tile shape and cluster are in cuBLASLt's kernel names). Usage: python benchmarks/cublas_kernel_name.py"""
-
-import pathlib
-import sys
+(tile shape and cluster are in cuBLASLt's kernel names). Usage: python -m benchmarks.tools.cublas_kernel_name"""
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from fp8_linear.backends.sm90 import kernels_module  # noqa: E402
+import fp8_linear.kernels as kern
 
-kern = kernels_module()
 for m, n, k in ((8192, 8192, 8192), (4096, 28672, 4096), (2048, 6144, 4096), (6144, 6144, 1280)):
     a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
