@@ -7,7 +7,7 @@ import math
 import torch
 
 from .backends import select_backend
-from .backends.base import SCALE_BLOCK, SCALE_GROUP, SCALE_ROW, SCALE_TENSOR, GemmProblem
+from .backends.base import SCALE_BLOCK, SCALE_CHANNEL, SCALE_GROUP, SCALE_TENSOR, SCALE_TOKEN, GemmProblem
 from .errors import ScaleError, ShapeError
 from .formats import FP8_DTYPES, GROUP_SIZE, OUT_DTYPES
 from .quantize import validate_scale
@@ -23,14 +23,16 @@ def _check_fp8(t, name: str) -> None:
 
 
 def _scale_kind(scale, name: str, m: int, k: int, other: str) -> tuple[str, tuple[int, ...]]:
-    """Classify a scale by shape: per-tensor, per-row, or (for other='group'/'block') 1x128 / 128x128."""
+    """Classify a scale by shape (docs/design.md section 2): ``tensor`` ``[1]``; per row, ``token``
+    (``scale_a``, other='group') or ``channel`` (``scale_b``, other='block'); or ``other`` (1x128 groups
+    ``[m, ceil(k/128)]`` / 128x128 blocks ``[ceil(m/128), ceil(k/128)]``)."""
     if not isinstance(scale, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(scale).__name__}")
     shp = tuple(scale.shape)
     if scale.numel() == 1 and len(shp) <= 2:
         return SCALE_TENSOR, shp
     if shp == (m, 1):
-        return SCALE_ROW, shp
+        return (SCALE_TOKEN if other == SCALE_GROUP else SCALE_CHANNEL), shp
     kb = math.ceil(k / GROUP_SIZE)
     if other == SCALE_GROUP and shp == (m, kb):
         return SCALE_GROUP, shp
@@ -96,8 +98,9 @@ def fp8_gemm(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16) -> tor
     Args:
         a: ``[M, K]`` float8_e4m3fn or float8_e5m2 (activations), K-contiguous.
         b: ``[N, K]`` float8_e4m3fn or float8_e5m2 (weights, the nn.Linear layout), K-contiguous.
-        scale_a: fp32 ``[1]`` (per-tensor), ``[M, 1]`` (per-token) or ``[M, ceil(K/128)]`` (1x128 groups).
-        scale_b: fp32 ``[1]`` (per-tensor), ``[N, 1]`` (per-channel) or ``[ceil(N/128), ceil(K/128)]`` (blocks).
+        scale_a: fp32 ``[1]`` (``tensor``), ``[M, 1]`` (``token``) or ``[M, ceil(K/128)]`` (1x128 ``group``).
+        scale_b: fp32 ``[1]`` (``tensor``), ``[N, 1]`` (``channel``) or ``[ceil(N/128), ceil(K/128)]``
+            (128x128 ``block``). Kinds as in ``quantize_fp8``'s granularities (docs/design.md section 2).
         bias: optional ``[N]`` float tensor, added in fp32.
         out_dtype: torch.bfloat16 (default), torch.float16 or torch.float32.
 

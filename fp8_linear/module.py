@@ -17,23 +17,30 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import fast_path
-from .errors import ScaleError, ShapeError
+from . import settings
+from .backends import plan_layer
+from .errors import BackendUnavailableError, ScaleError, ShapeError
 from .formats import FP8_DTYPES, SCALE_DTYPE, format_name, resolve_format, scale_from_amax
-from .gemm import make_problem, run_problem
-from .quantize import dynamic_quantize, quantize_fp8, quantize_unchecked, scale_shape, validate_scale
+from .quantize import dequantize_fp8, quantize_fp8, scale_shape, validate_scale
 from .scheme import QuantScheme, resolve_scheme
 
-_WEIGHT_TO_QUANT_GRAN = {"tensor": "tensor", "channel": "channel", "block": "block"}
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 class FP8Linear(nn.Module):
-    """``y = x @ W^T + b`` with ``W`` stored in FP8 and run through :func:`fp8_linear.fp8_gemm`.
+    """``y = x @ W^T + b`` with ``W`` stored in FP8; the numerics of :func:`fp8_linear.fp8_gemm`.
 
     Input ``x``: ``[..., in_features]`` in bf16/fp16/fp32; output ``[..., out_features]`` in ``x``'s dtype.
     Activations are quantized with the static ``input_scale`` (``[1]``) when it is set, else
     dynamically per token (``[tokens, 1]``) or per 1x128 group, as the scheme says.
+
+    The layer's backend (docs/design.md section 4) is chosen once per device and settings
+    (:meth:`prepare`, kept as the plain attribute ``_plan``) and runs each call as custom ops, so
+    ``torch.compile(fullgraph=True)`` traces a call with no graph break and CUDA graphs capture it.
+    Under autograd (an input that requires grad) the gradient with respect to ``x`` is the
+    straight-through estimator ``grad_y @ (weight * weight_scale)``; the FP8 tensors get none.
+    ``load_state_dict`` refuses a weight of another dtype and non-positive or non-finite scales,
+    naming the tensor.
 
     ``.to(dtype)`` / ``.half()`` on a model leave the FP8 weight and the fp32 scales untouched
     (only the bias follows); device moves apply to everything.
@@ -49,6 +56,7 @@ class FP8Linear(nn.Module):
         bias_dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
+        self._plan = None  # the backend's LayerPlan, chosen on first use (plain attribute, not state)
         self.scheme = resolve_scheme(scheme)
         if in_features <= 0 or out_features <= 0:
             raise ShapeError(f"in_features/out_features: expected positive sizes, got {in_features}/{out_features}")
@@ -56,7 +64,7 @@ class FP8Linear(nn.Module):
         fp8 = resolve_format(self.scheme.fmt)
         kw = dict(device=device, requires_grad=False)
         self.weight = nn.Parameter(torch.zeros(out_features, in_features, dtype=fp8, device=device), requires_grad=False)
-        wshape = scale_shape((out_features, in_features), _WEIGHT_TO_QUANT_GRAN[self.scheme.weight_granularity])
+        wshape = scale_shape((out_features, in_features), self.scheme.weight_granularity)
         self.weight_scale = nn.Parameter(torch.ones(wshape, dtype=SCALE_DTYPE, **kw), requires_grad=False)
         if self.scheme.static:
             self.input_scale = nn.Parameter(torch.ones(1, dtype=SCALE_DTYPE, **kw), requires_grad=False)
@@ -97,7 +105,7 @@ class FP8Linear(nn.Module):
             linear.in_features, linear.out_features, linear.bias is not None, scheme,
             device=w.device, bias_dtype=linear.bias.dtype if linear.bias is not None else torch.float32,
         )
-        gran = _WEIGHT_TO_QUANT_GRAN[scheme.weight_granularity]
+        gran = scheme.weight_granularity
         if weight_scale is not None:
             # Validate under the argument's own name (quantize_fp8 would call it "scale").
             weight_scale = validate_scale(weight_scale, scale_shape(tuple(w.shape), gran), "weight_scale").to(w.device)
@@ -113,6 +121,7 @@ class FP8Linear(nn.Module):
             if amax.numel() != 1 or not torch.isfinite(amax).all() or amax.item() < 0:
                 raise ScaleError(f"input_amax: expected one finite non-negative value, got {input_amax}")
             mod.input_scale.data.copy_(scale_from_amax(amax, fp8).to(w.device))
+        mod._try_prepare()
         return mod
 
     # ------------------------------------------------------------------ forward
@@ -123,23 +132,36 @@ class FP8Linear(nn.Module):
             raise TypeError(f"x: expected dtype bfloat16/float16/float32, got {x.dtype}")
         if x.shape[-1:] != (self.in_features,):
             raise ShapeError(f"x: expected last dimension {self.in_features}, got shape {list(x.shape)}")
-        if x.device != self.weight.device:
-            raise ValueError(f"x: expected device {self.weight.device} (that of weight), got {x.device}")
-        if x.is_cuda and not torch.compiler.is_compiling():
-            # Eager CUDA: quantize + sm90 GEMM in one host call when the generic path would take sm90
-            # anyway (bitwise the same result; fp8_linear/fast_path.py); None: not eligible.
-            out = fast_path.forward(self, x)
-            if out is not None:
-                return out
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
-        fp8 = self.weight.dtype
-        if self.input_scale is not None:
-            q, sa = quantize_unchecked(x2, fp8, self.input_scale), self.input_scale
-        else:
-            q, sa = dynamic_quantize(x2, fp8, self.scheme.activation_granularity)
-        problem = make_problem(q, self.weight, sa, self.weight_scale, self.bias, x.dtype, check_values=False)
-        return run_problem(problem).reshape(*lead, self.out_features)
+        w = self._parameters["weight"]
+        if x.device != w.device:
+            raise ValueError(f"x: expected device {w.device} (that of weight), got {x.device}")
+        plan = self._plan
+        if plan is None or plan.weight is not w or plan.generation != settings.GENERATION:
+            plan = self.prepare()
+        if x.requires_grad and torch.is_grad_enabled():
+            return _StraightThrough.apply(x, self)
+        return plan.backend.apply(self, x)
+
+    def prepare(self):
+        """Choose this layer's backend for its device and the current settings and let it prepare the
+        tensors (``fp8_linear.backends.plan_layer``); returns the plan. Called on first use, after
+        device moves and after ``check()``; a replaced weight parameter or :func:`fp8_linear.settings.reload`
+        makes the next call choose again."""
+        plan = plan_layer(self)
+        self.__dict__["_plan"] = plan
+        return plan
+
+    @property
+    def backend(self) -> str:
+        """Name of the backend that runs this layer (chosen now if not yet)."""
+        plan = self._plan
+        if plan is None or plan.weight is not self._parameters["weight"] or plan.generation != settings.GENERATION:
+            plan = self.prepare()
+        return plan.backend.name
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``weight * weight_scale`` ``[out, in]`` in ``dtype`` (what the layer multiplies by)."""
+        return dequantize_fp8(self.weight, self.weight_scale, dtype)
 
     # ------------------------------------------------------------------ housekeeping
     def check(self) -> None:
@@ -148,13 +170,39 @@ class FP8Linear(nn.Module):
             raise TypeError(f"weight: expected an FP8 dtype, got {self.weight.dtype}")
         if tuple(self.weight.shape) != (self.out_features, self.in_features):
             raise ShapeError(f"weight: expected shape [{self.out_features}, {self.in_features}], got {list(self.weight.shape)}")
-        wshape = scale_shape((self.out_features, self.in_features), _WEIGHT_TO_QUANT_GRAN[self.scheme.weight_granularity])
+        wshape = scale_shape((self.out_features, self.in_features), self.scheme.weight_granularity)
         validate_scale(self.weight_scale, wshape, "weight_scale")
         if self.input_scale is not None:
             validate_scale(self.input_scale, (1,), "input_scale")
+        self._try_prepare()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        """``load_state_dict`` validates what it copies as :meth:`check` does (a copy would otherwise
+        cast a bf16 weight to FP8 or take a zero scale silently): an FP8 weight of this layer's format,
+        fp32-representable finite positive scales of the right shapes; the error names the tensor."""
+        fmt = self.weight.dtype
+        wshape = scale_shape((self.out_features, self.in_features), self.scheme.weight_granularity)
+        for pname, shape in (("weight", None), ("weight_scale", wshape), ("input_scale", (1,))):
+            key = prefix + pname
+            t = state_dict.get(key)
+            if t is None or self._parameters.get(pname) is None:
+                continue
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{key}: expected a torch.Tensor, got {type(t).__name__}")
+            if pname == "weight":
+                if t.dtype != fmt:
+                    raise TypeError(f"{key}: expected dtype {fmt} (the layer's FP8 format), got {t.dtype}")
+                continue
+            if t.device.type != "meta":
+                validate_scale(t, shape, key)
+                if t.dtype != SCALE_DTYPE:
+                    t32 = t.to(SCALE_DTYPE)
+                    if bool(((t32 == 0) | ~torch.isfinite(t32)).any()):
+                        raise ScaleError(f"{key}: {t.dtype} values overflow or underflow float32")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        self.__dict__["_plan"] = None
 
     def _apply(self, fn, recurse=True):
-        fast_path.forget(self)  # tensors move or change: decide the fast path again
         keep = [p for p in (self.weight, self.weight_scale, self.input_scale) if p is not None]
 
         def keep_dtype(t):
@@ -163,7 +211,25 @@ class FP8Linear(nn.Module):
                 return t.to(device=out.device)
             return out
 
-        return super()._apply(keep_dtype, recurse)
+        out = super()._apply(keep_dtype, recurse)
+        self.__dict__["_plan"] = None
+        self._try_prepare()  # tensors moved or changed: choose the backend for their device now
+        return out
+
+    def _try_prepare(self) -> None:
+        """:meth:`prepare` now (so that a first call under ``torch.compile`` finds its plan made), except on
+        the meta device or where no backend can run the layer (the first call then raises with the reason)."""
+        if self._parameters["weight"].device.type == "meta":
+            return
+        try:
+            self.prepare()
+        except BackendUnavailableError:
+            self.__dict__["_plan"] = None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_plan"] = None  # a copy (deepcopy, pickle) chooses its backend on first use
+        return state
 
     def extra_repr(self) -> str:
         act = f"static input_scale={self.input_scale.item():.4g}" if self.input_scale is not None and self.input_scale.numel() == 1 and self.input_scale.device.type != "meta" else (
@@ -173,3 +239,21 @@ class FP8Linear(nn.Module):
             f"scheme={self.scheme.name}, format={format_name(self.weight.dtype)}, "
             f"weight_scale={self.scheme.weight_granularity}{list(self.weight_scale.shape)}, activations={act}"
         )
+
+
+class _StraightThrough(torch.autograd.Function):
+    """``FP8Linear`` under autograd: the forward is the layer's quantized output; the gradient with
+    respect to the input is the straight-through estimator ``grad_x = grad_y @ (weight * weight_scale)``
+    (the activation quantization taken as the identity). The FP8 weights and scales are frozen and get
+    no gradient."""
+
+    @staticmethod
+    def forward(ctx, x, layer):
+        ctx.layer = layer
+        with torch.no_grad():
+            return layer._plan.backend.apply(layer, x.detach())
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        w = ctx.layer.dequantized_weight(torch.float32)
+        return (grad_out.to(torch.float32) @ w).to(grad_out.dtype), None

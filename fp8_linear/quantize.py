@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from . import settings
 from .errors import ScaleError, ShapeError
 from .formats import (
     GROUP_SIZE,
@@ -34,6 +35,9 @@ from .formats import (
     scale_from_amax,
 )
 
+#: The one vocabulary of scale granularities (docs/design.md section 2), shared with QuantScheme,
+#: fp8_gemm's scale kinds and the backends: ``channel`` and ``token`` are both one scale per row
+#: (of a weight ``[out, in]`` and of an activation ``[..., K]``).
 GRANULARITIES = ("tensor", "channel", "token", "group", "block")
 ROUNDINGS = ("nearest", "stochastic")
 
@@ -274,8 +278,9 @@ def quantize_fp8(
 
 
 def _fused(x: torch.Tensor):
-    """The fused CUDA quantization module when it can take ``x`` (``kernels/quant_triton.py``), else None."""
-    if x.device.type != "cuda":
+    """The fused CUDA quantization module when it can take ``x`` (``kernels/quant_triton.py``; off with
+    ``FP8_LINEAR_FUSED_QUANT=0``, :mod:`fp8_linear.settings`), else None."""
+    if x.device.type != "cuda" or not settings.get().fused_quant:
         return None
     from fp8_linear.kernels import quant_triton
 

@@ -1,7 +1,7 @@
 """Fused activation quantization for CUDA tensors (Triton): one launch instead of ~4-12 torch ops.
 
 Same formula as the torch path in ``fp8_linear.quantize``, bitwise equal to the CPU path (FP8 bits
-and scales; tests/core/test_gpu_fused_quant.py, 30 of 30 cases on an H200):
+and scales; tests/fp8_linear/test_fused_quant_gpu.py):
 ``q = cast_rne(clamp(x_fp32 / scale, -fmt_max, fmt_max))`` with IEEE division; for dynamic modes
 ``scale = max(amax_finite / fmt_max, MIN_SCALE)`` per row (token) or per 1x128 group.
 
@@ -12,13 +12,15 @@ Modes (``x`` is 2-D ``[rows, K]``, any float dtype, last dim contiguous):
 - ``MODE_GROUP``: returns scales ``[rows, ceil(K/128)]``.
 
 Triton is imported lazily; :func:`available` says whether this path can run and why not.
-The path is on by default for CUDA tensors; ``FP8_LINEAR_FUSED_QUANT=0`` turns it off (torch ops).
+The path is on by default for CUDA tensors; ``FP8_LINEAR_FUSED_QUANT=0`` turns it off (torch ops;
+the switch is read once by ``fp8_linear.settings``, not here). Under ``torch.compile`` this kernel
+runs inside the ``fp8_linear::quantize_static`` / ``quantize_dynamic`` custom ops
+(``fp8_linear/ops.py``), so dynamo never traces the launcher.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -27,9 +29,9 @@ MODE_STATIC, MODE_TOKEN, MODE_GROUP = 0, 1, 2
 ROW_BLOCK = 1024
 #: Group width of the 1x128 activation groups (docs/design.md section 2).
 GROUP = 128
-#: Switch: ``0`` turns the fused path off (torch ops instead). On by default since it matched the
-#: CPU path bitwise on the GPU (torch's own CUDA ops do not: they divide by a Python scalar through
-#: a reciprocal and can differ by one ulp in the scale; benchmarks/NOTES.md, module level).
+#: Switch (read by fp8_linear.settings): ``0`` turns the fused path off (torch ops instead). On by
+#: default since it matched the CPU path bitwise on the GPU (torch's own CUDA ops do not: they divide
+#: by a Python scalar through a reciprocal and can differ by one ulp in the scale).
 ENV_DISABLE = "FP8_LINEAR_FUSED_QUANT"
 
 
@@ -96,8 +98,6 @@ def _triton_status() -> tuple[bool, str]:
 
 def available(x: torch.Tensor) -> tuple[bool, str]:
     """Whether the fused path can quantize ``x`` (CUDA, 2-D, last dim contiguous, Triton present)."""
-    if os.environ.get(ENV_DISABLE, "1") == "0":
-        return False, f"turned off ({ENV_DISABLE}=0)"
     if x.device.type != "cuda":
         return False, f"needs a CUDA tensor, got {x.device.type}"
     if x.dim() != 2 or x.stride(-1) != 1:

@@ -1,54 +1,37 @@
-"""Ordered GEMM backends and the dispatcher (docs/design.md section 4).
+"""Ordered backends and the dispatcher (docs/design.md section 4).
 
-Order: ``sm90`` (our Hopper kernel) -> ``cublaslt`` (``torch._scaled_mm``) -> ``emulated``.
-The first backend whose ``supports(device)`` and ``can_run(problem)`` both say yes runs the
-problem. ``FP8_LINEAR_BACKEND=emulated|cublaslt|sm90`` forces one; a forced backend that cannot
-run raises :class:`~fp8_linear.errors.BackendUnavailableError` with its reason (no fallback).
-Each choice is logged once per (backend, reason) on the ``fp8_linear`` logger.
+Order: ``sm90`` (our Hopper kernel) -> ``cublaslt`` (cuBLASLt) -> ``emulated``.
+
+- A GEMM (``fp8_gemm``) goes to the first backend whose ``supports(device)`` and ``can_run(problem)``
+  both say yes (:func:`select_backend`).
+- An ``FP8Linear`` gets its backend once per device and settings (:func:`plan_layer`): the first
+  whose ``can_implement(layer)`` says yes, which then prepares the layer (``process_weights``) and
+  runs every call (``apply``).
+
+``FP8_LINEAR_BACKEND=emulated|cublaslt|sm90`` (read once, :mod:`fp8_linear.settings`) forces one; a
+forced backend that cannot run raises :class:`~fp8_linear.errors.BackendUnavailableError` with its
+reason (no fallback). Each choice is logged once per (backend, reason) on the ``fp8_linear`` logger.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import torch
 
+from .. import settings
 from ..errors import BackendUnavailableError
-from .base import Backend, GemmProblem
+from ..settings import BACKEND_ENV
+from .base import Backend, GemmProblem, LayerPlan, LinearSpec
 from .cublaslt import CublasLtBackend
 from .emulated import EmulatedBackend
+from .sm90 import Sm90Backend
 
 logger = logging.getLogger("fp8_linear")
 
-#: Environment variable that forces one backend by name.
-BACKEND_ENV = "FP8_LINEAR_BACKEND"
-
-
-class _MissingBackend(Backend):
-    """Stands in for a backend whose module failed to import; always says why."""
-
-    def __init__(self, name: str, reason: str):
-        self.name, self._reason = name, reason
-
-    def supports(self, device):
-        return False, self._reason
-
-    def can_run(self, problem):
-        return False, self._reason
-
-
-def _sm90() -> Backend:
-    try:
-        from .sm90 import Sm90Backend
-    except ImportError as e:  # the kernel package is optional at runtime
-        return _MissingBackend("sm90", f"kernel module unavailable: {e}")
-    return Sm90Backend()
-
-
 #: The ordered backend list; the first that can take a problem wins.
-BACKENDS: list[Backend] = [_sm90(), CublasLtBackend(), EmulatedBackend()]
+BACKENDS: list[Backend] = [Sm90Backend(), CublasLtBackend(), EmulatedBackend()]
 BACKEND_NAMES = tuple(b.name for b in BACKENDS)
 
 _supports_cache: dict[tuple[str, str], tuple[bool, str]] = {}
@@ -98,7 +81,7 @@ def select_backend(problem: GemmProblem, backends: "list[Backend] | None" = None
     ``backends`` narrows the ordered list (default: :data:`BACKENDS`); the forced name is still
     looked up in :data:`BACKENDS`.
     """
-    forced = os.environ.get(BACKEND_ENV, "").strip()
+    forced = settings.get().backend
     if forced:
         b = get_backend(forced)
         ok, why = _supports(b, problem.device)
@@ -122,4 +105,42 @@ def select_backend(problem: GemmProblem, backends: "list[Backend] | None" = None
     )
 
 
-__all__ = ["BACKENDS", "BACKEND_ENV", "BACKEND_NAMES", "Backend", "GemmProblem", "candidates", "get_backend", "select_backend"]
+def layer_candidates(layer, device: torch.device | None = None) -> list[tuple[str, bool, str]]:
+    """Every backend's ``can_implement`` verdict on ``layer`` (an ``FP8Linear``): ``[(name, ok, reason), ...]``."""
+    return [(b.name, *b.can_implement(layer, device)) for b in BACKENDS]
+
+
+def plan_layer(layer) -> LayerPlan:
+    """Choose the backend of ``layer`` (an ``FP8Linear``) for its weight's device and the current
+    settings, let it prepare the layer's tensors (``process_weights``), and return the plan.
+
+    Raises :class:`BackendUnavailableError` when ``FP8_LINEAR_BACKEND`` forces a backend that cannot
+    run the layer (with its reason).
+    """
+    st = settings.get()
+    gen = settings.GENERATION
+    device = layer._parameters["weight"].device
+    what = f"FP8Linear(in={layer.in_features}, out={layer.out_features}, scheme={layer.scheme.name})"
+    if st.backend:
+        b = get_backend(st.backend)
+        ok, why = b.can_implement(layer, device)
+        if not ok:
+            raise BackendUnavailableError(f"{BACKEND_ENV}={st.backend} cannot run {what} on {device}: {why}")
+        reason = f"forced by {BACKEND_ENV}"
+    else:
+        skipped, b = [], None
+        for cand in BACKENDS:
+            ok, why = cand.can_implement(layer, device)
+            if ok:
+                b, reason = cand, "; ".join(skipped + [why])
+                break
+            skipped.append(f"{cand.name} skipped: {why}")
+        if b is None:  # the emulated backend takes every layer; only a replaced list gets here
+            raise BackendUnavailableError(f"no FP8 backend can run {what} on {device}: " + "; ".join(skipped))
+    b.process_weights(layer)
+    _log_once(b.name, reason)
+    return LayerPlan(b, LinearSpec.of(layer), layer._parameters["weight"], gen, reason)
+
+
+__all__ = ["BACKENDS", "BACKEND_ENV", "BACKEND_NAMES", "Backend", "GemmProblem", "LayerPlan", "LinearSpec",
+           "candidates", "get_backend", "layer_candidates", "plan_layer", "select_backend"]

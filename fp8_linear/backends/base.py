@@ -1,8 +1,21 @@
-"""The GEMM backend interface (docs/design.md section 4).
+"""The backend interface (docs/design.md section 4).
 
-A backend answers ``supports(device) -> (ok, reason)`` and ``can_run(problem) -> (ok, reason)``
-and runs a validated :class:`GemmProblem`. The dispatcher (``fp8_linear.backends``) walks the
-ordered list and takes the first backend that says yes to both.
+A backend does two jobs.
+
+GEMM (``fp8_gemm``): ``supports(device) -> (ok, reason)``, ``can_run(problem) -> (ok, reason)`` and
+``run(problem)`` on a validated :class:`GemmProblem`; the dispatcher takes the first backend that
+says yes to both.
+
+Linear layer (``FP8Linear``, the pattern of vLLM's ``ScaledMMLinearKernel``):
+``can_implement(layer, device) -> (ok, reason)`` on the layer's :class:`LinearSpec`,
+``process_weights(layer) -> LayerPlan`` once when the layer's tensors are set or moved, and
+``apply(layer, x)`` per call: activation quantization + GEMM + bias, through the custom ops of
+:mod:`fp8_linear.ops` so that ``torch.compile`` traces it whole.
+
+Scale kinds, one vocabulary with :class:`~fp8_linear.QuantScheme` and ``quantize_fp8``
+(docs/design.md section 2): activations (``scale_a``) ``tensor`` ``[1]``, ``token`` ``[M, 1]``,
+``group`` ``[M, ceil(K/128)]``; weights (``scale_b``) ``tensor`` ``[1]``, ``channel`` ``[N, 1]``,
+``block`` ``[ceil(N/128), ceil(K/128)]``.
 """
 
 from __future__ import annotations
@@ -11,11 +24,20 @@ from dataclasses import dataclass
 
 import torch
 
-# Scale kinds, read off the scale shapes by fp8_gemm's validation.
-SCALE_TENSOR = "tensor"  # [1]
-SCALE_ROW = "row"  # scale_a [M, 1] (per token) / scale_b [N, 1] (per channel)
+from ..formats import FP8_DTYPES, GROUP_SIZE
+
+SCALE_TENSOR = "tensor"  # [1], either operand
+SCALE_TOKEN = "token"  # scale_a [M, 1]
+SCALE_CHANNEL = "channel"  # scale_b [N, 1]
 SCALE_GROUP = "group"  # scale_a [M, ceil(K/128)] (1x128 groups)
 SCALE_BLOCK = "block"  # scale_b [ceil(N/128), ceil(K/128)] (128x128 blocks)
+#: Per-row kinds of either side: ``token`` rows of A, ``channel`` rows of B.
+ROW_KINDS = (SCALE_TOKEN, SCALE_CHANNEL)
+#: Older name of the per-row kinds, accepted by :class:`GemmProblem` and read as token / channel.
+SCALE_ROW = "row"
+#: Activation modes of the fused quantization (the values of kernels/quant_triton.py MODE_*).
+MODE_STATIC, MODE_TOKEN, MODE_GROUP = 0, 1, 2
+ACT_MODES = {SCALE_TENSOR: MODE_STATIC, SCALE_TOKEN: MODE_TOKEN, SCALE_GROUP: MODE_GROUP}
 
 
 @dataclass(frozen=True)
@@ -24,8 +46,8 @@ class GemmProblem:
 
     a: ``[M, K]`` float8_e4m3fn / float8_e5m2, K-contiguous.
     b: ``[N, K]`` float8_e4m3fn / float8_e5m2, K-contiguous (the nn.Linear weight layout).
-    scale_a: fp32, ``[1]`` or ``[M, 1]`` (or ``[M, ceil(K/128)]`` groups).
-    scale_b: fp32, ``[1]`` or ``[N, 1]`` (or ``[ceil(N/128), ceil(K/128)]`` blocks).
+    scale_a: fp32, ``[1]``, ``[M, 1]`` or ``[M, ceil(K/128)]``; kind ``tensor`` / ``token`` / ``group``.
+    scale_b: fp32, ``[1]``, ``[N, 1]`` or ``[ceil(N/128), ceil(K/128)]``; kind ``tensor`` / ``channel`` / ``block``.
     bias: ``None`` or ``[N]`` (any float dtype; added in fp32).
     out_dtype: torch.bfloat16, torch.float16 or torch.float32.
     """
@@ -38,6 +60,12 @@ class GemmProblem:
     out_dtype: torch.dtype
     scale_a_kind: str
     scale_b_kind: str
+
+    def __post_init__(self):
+        if self.scale_a_kind == SCALE_ROW:
+            object.__setattr__(self, "scale_a_kind", SCALE_TOKEN)
+        if self.scale_b_kind == SCALE_ROW:
+            object.__setattr__(self, "scale_b_kind", SCALE_CHANNEL)
 
     @property
     def m(self) -> int:
@@ -56,11 +84,83 @@ class GemmProblem:
         return self.a.device
 
 
+def scale_kinds(scale_a: torch.Tensor, scale_b: torch.Tensor, m: int, n: int) -> tuple[str, str]:
+    """The kinds of two already-validated scales of an ``M x N`` GEMM, read off their shapes."""
+    ka = SCALE_TENSOR if scale_a.numel() == 1 else (SCALE_TOKEN if scale_a.shape[-1] == 1 else SCALE_GROUP)
+    if scale_b.numel() == 1:
+        kb = SCALE_TENSOR
+    else:
+        kb = SCALE_CHANNEL if scale_b.shape[0] == n and scale_b.shape[-1] == 1 else SCALE_BLOCK
+    return ka, kb
+
+
+@dataclass(frozen=True)
+class LinearSpec:
+    """What a backend needs to know of an ``FP8Linear`` to serve it, read off its tensors.
+
+    n, k: ``out_features``, ``in_features``; weight_dtype: the FP8 dtype;
+    weight_kind: ``tensor`` / ``channel`` / ``block``; activation_kind: ``tensor`` (static
+    ``input_scale``), ``token`` or ``group`` (dynamic); bias_dtype: ``None`` without bias;
+    device: the weight's device.
+    """
+
+    n: int
+    k: int
+    weight_dtype: torch.dtype
+    weight_kind: str
+    activation_kind: str
+    bias_dtype: torch.dtype | None
+    device: torch.device
+
+    @classmethod
+    def of(cls, layer) -> "LinearSpec":
+        p = layer._parameters
+        w, ws, bias = p["weight"], p["weight_scale"], p.get("bias")
+        n, k = w.shape
+        if ws.numel() == 1:
+            wk = SCALE_TENSOR
+        elif tuple(ws.shape) == (n, 1):
+            wk = SCALE_CHANNEL
+        else:
+            wk = SCALE_BLOCK
+        ak = SCALE_TENSOR if p.get("input_scale") is not None else layer.scheme.activation_granularity
+        return cls(n, k, w.dtype, wk, ak, None if bias is None else bias.dtype, w.device)
+
+    @property
+    def mode(self) -> int:
+        """The activation quantization mode (:data:`MODE_STATIC` / :data:`MODE_TOKEN` / :data:`MODE_GROUP`)."""
+        return ACT_MODES[self.activation_kind]
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """A layer's backend, chosen once (``FP8Linear`` keeps it as a plain attribute).
+
+    backend: the :class:`Backend` whose ``apply`` runs the layer; spec: the layer's :class:`LinearSpec`;
+    weight: the weight parameter the plan was made for (a replaced parameter makes a new plan);
+    generation: ``fp8_linear.settings.GENERATION`` at the choice; reason: why this backend
+    (and why the ones before it could not), as logged.
+    """
+
+    backend: "Backend"
+    spec: LinearSpec
+    weight: torch.Tensor
+    generation: int
+    reason: str
+
+
+def expand_scale_a_to_groups(scale_a: torch.Tensor, m: int, k: int) -> torch.Tensor:
+    """A per-tensor ``[1]`` or per-token ``[M, 1]`` activation scale as 1x128 groups ``[M, ceil(K/128)]``
+    (contiguous): the same values, for GEMMs that pair group activations with block weights."""
+    return scale_a.reshape(-1, 1).expand(m, -(-k // GROUP_SIZE)).contiguous()
+
+
 class Backend:
-    """One way to run an FP8 GEMM. Subclasses set ``name`` and implement the three methods."""
+    """One way to run FP8 GEMMs and ``FP8Linear`` layers. Subclasses set ``name`` and implement the methods."""
 
     name: str = "?"
 
+    # ------------------------------------------------------------------ GEMM
     def supports(self, device: torch.device) -> tuple[bool, str]:
         """Whether this backend can run at all on ``device`` (hardware, build), with the reason."""
         raise NotImplementedError
@@ -72,3 +172,69 @@ class Backend:
     def run(self, problem: GemmProblem) -> torch.Tensor:
         """Compute ``problem``; returns a new ``[M, N]`` tensor of ``problem.out_dtype``."""
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ linear layer
+    def can_serve(self, spec: LinearSpec) -> tuple[bool, str]:
+        """Whether this backend can run a layer of ``spec`` (its device is already supported)."""
+        raise NotImplementedError
+
+    def can_implement(self, layer, device: torch.device | None = None) -> tuple[bool, str]:
+        """Whether this backend can run ``layer`` (an ``FP8Linear``) on ``device`` (default: its weight's)."""
+        spec = LinearSpec.of(layer)
+        device = spec.device if device is None else torch.device(device)
+        ok, why = self.supports(device)
+        if not ok:
+            return ok, why
+        if device != spec.device:
+            return False, f"the layer's weight is on {spec.device}, not {device}"
+        if spec.weight_dtype not in FP8_DTYPES:
+            return False, f"weight dtype {spec.weight_dtype} is not FP8"
+        return self.can_serve(spec)
+
+    def process_weights(self, layer) -> None:
+        """Prepare ``layer``'s tensors for :meth:`apply`, once per plan: contiguous weight, fp32
+        contiguous scales, contiguous bias (parameters replaced only where they are not already so)."""
+        p = layer._parameters
+        for name, want in (("weight", None), ("weight_scale", torch.float32), ("input_scale", torch.float32),
+                           ("bias", None)):
+            t = p.get(name)
+            if t is None or t.device.type == "meta":
+                continue
+            if not t.is_contiguous() or (want is not None and t.dtype != want):
+                p[name] = torch.nn.Parameter(t.detach().to(want or t.dtype).contiguous(), requires_grad=False)
+
+    def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
+        """``layer(x)``: ``x`` ``[..., K]`` (bf16/fp16/fp32, validated by ``FP8Linear.forward``) ->
+        ``[..., N]`` in ``x``'s dtype."""
+        raise NotImplementedError
+
+
+def quantize_activation(layer, x2: torch.Tensor, spec: LinearSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, scale_a)`` of the flattened activation ``x2`` ``[M, K]`` as ``spec`` says: the static
+    ``input_scale`` ``[1]``, or dynamic per ``token`` / 1x128 ``group`` scales (custom ops)."""
+    from .. import ops
+
+    if spec.activation_kind == SCALE_TENSOR:
+        s = layer._parameters["input_scale"]
+        return ops.quantize_static(x2, s, spec.weight_dtype), s
+    return ops.quantize_dynamic(x2, spec.weight_dtype, spec.activation_kind)
+
+
+def quantize_and_gemm(layer, x: torch.Tensor, gemm) -> torch.Tensor:
+    """``layer(x)`` as activation quantization (:func:`quantize_activation`) then ``gemm(q, weight,
+    scale_a, weight_scale, bias, out_dtype)`` (a GEMM op of :mod:`fp8_linear.ops`); ``[..., K] -> [..., N]``."""
+    spec = layer._plan.spec
+    x2 = x.reshape(-1, spec.k)
+    if x2.shape[0] == 0:
+        return empty_linear_output(layer, x)
+    q, sa = quantize_activation(layer, x2, spec)
+    p = layer._parameters
+    out = gemm(q, p["weight"], sa, p["weight_scale"], p.get("bias"), x.dtype)
+    return out.reshape(*x.shape[:-1], spec.n)
+
+
+def empty_linear_output(layer, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` for an ``x`` with no rows (``[..., 0, K]``): the bias broadcast, or nothing."""
+    out = x.new_zeros((*x.shape[:-1], layer.out_features))
+    bias = layer._parameters.get("bias")
+    return out if bias is None else out + bias.to(x.dtype)

@@ -1,19 +1,178 @@
-"""The ``cublaslt`` backend: ``torch._scaled_mm`` (cuBLASLt), compute capability >= 8.9."""
+"""The ``cublaslt`` backend: ``torch._scaled_mm`` / ``torch.nn.functional.scaled_mm`` (cuBLASLt), compute capability >= 8.9.
+
+Scales it runs: per-tensor and row-wise (``token`` x ``channel``, a per-tensor side broadcast), and
+1x128 activation groups x 128x128 weight blocks through ``scaled_mm(a, b.t(), scale_a,
+ScalingType.BlockWise1x128, scale_b.t(), ScalingType.BlockWise128x128)`` with ``scale_a`` ``[M, K/128]``
+column-major. cuBLASLt refuses M = 1 there (``CUBLAS_STATUS_NOT_SUPPORTED``): the activation and its
+scales are padded with zero rows to a multiple of :data:`BLOCK_M_ALIGN` tokens, and the extra rows of
+the output dropped. Whether this torch and cuBLAS run block scales at all (and which ``scale_b``
+layout they want) is probed once per device on a small problem against the emulated result; where
+the probe fails the backend refuses block layers and problems with the probe's error as the reason.
+"""
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
-from .base import SCALE_ROW, SCALE_TENSOR, Backend, GemmProblem
+from .. import ops
+from ..formats import GROUP_SIZE
+from .base import (
+    ROW_KINDS,
+    SCALE_BLOCK,
+    SCALE_GROUP,
+    SCALE_TENSOR,
+    Backend,
+    GemmProblem,
+    LinearSpec,
+    expand_scale_a_to_groups,
+    quantize_and_gemm,
+    scale_kinds,
+)
 
 #: First compute capability with FP8 tensor cores (Ada).
 MIN_CAPABILITY = (8, 9)
 #: cuBLASLt FP8 needs leading dimensions that are multiples of 16 bytes.
 ALIGN = 16
+#: Block scales: token count padded to a multiple of this (the column-major ``scale_a``'s leading
+#: dimension is the token count, 16 bytes = 4 fp32).
+BLOCK_M_ALIGN = 4
+#: Block scales: the row stride of ``scale_b`` (``[ceil(N/128), ceil(K/128)]``) padded to a multiple of this.
+BLOCK_KB_ALIGN = 4
+#: Bias dtypes cuBLASLt's FP8 epilogue adds (it refuses a bias with fp32 output).
+FUSED_BIAS_DTYPES = (torch.bfloat16, torch.float16)
+#: Output dtype that every torch._scaled_mm build writes for row-wise and block scales.
+SAFE_OUT_DTYPE = torch.bfloat16
+ROWWISE_SAFE_DTYPE = SAFE_OUT_DTYPE
+#: (device, scale family, out_dtype, fused bias) combinations this torch refused; written in bf16 instead.
+_refused: set[tuple[str, str, torch.dtype, bool]] = set()
+#: device -> (ok, reason, padded scale_b layout?) of the block-scale probe.
+_block_probe: dict[str, tuple[bool, str, bool]] = {}
+_probe_lock = threading.Lock()
+
+
+def _pad_rows(t: torch.Tensor, rows: int, fill: float) -> torch.Tensor:
+    """``t`` ``[M, C]`` with rows appended up to ``rows`` (FP8 zeros or ``fill`` scales)."""
+    out = (t.new_zeros if fill == 0 else t.new_ones)((rows, t.shape[1]))
+    out[: t.shape[0]] = t
+    return out
+
+
+def _block_scale_b(sb: torch.Tensor, padded: bool) -> torch.Tensor:
+    """``scale_b`` ``[Nb, Kb]`` as ``scaled_mm`` reads it: row-major, rows ``round_up(Kb, 4)`` apart
+    when ``padded`` (newer torch) or contiguous; the caller passes its transpose."""
+    nb, kb = sb.shape
+    if not padded or kb % BLOCK_KB_ALIGN == 0:
+        return sb.contiguous()
+    buf = sb.new_ones((nb, -(-kb // BLOCK_KB_ALIGN) * BLOCK_KB_ALIGN))
+    buf[:, :kb] = sb
+    return buf[:, :kb]
+
+
+def _block_mm(a, b, sa, sb, out_dtype, padded: bool) -> torch.Tensor:
+    from torch.nn.functional import ScalingType, scaled_mm
+
+    m = a.shape[0]
+    rows = -(-m // BLOCK_M_ALIGN) * BLOCK_M_ALIGN
+    if rows != m:
+        a, sa = _pad_rows(a, rows, 0.0), _pad_rows(sa, rows, 1.0)
+    sa_cm = sa.t().contiguous().t()  # [M, K/128] column-major
+    out = scaled_mm(a, b.t(), sa_cm, ScalingType.BlockWise1x128, _block_scale_b(sb, padded).t(),
+                    ScalingType.BlockWise128x128, output_dtype=out_dtype)
+    return out[:m] if rows != m else out
+
+
+def _block_layout(device: torch.device) -> tuple[bool, str, bool]:
+    """Probe (once per device) whether block scales run here and with which ``scale_b`` layout: an
+    M = 1, N = 256, K = 640 problem (5 k-blocks: not a multiple of 4) against the emulated GEMM."""
+    key = str(device)
+    hit = _block_probe.get(key)
+    if hit is not None:
+        return hit
+    with _probe_lock:
+        if key in _block_probe:
+            return _block_probe[key]
+        from .emulated import emulated_gemm
+
+        if not hasattr(torch.nn.functional, "scaled_mm"):
+            res = (False, "this torch has no torch.nn.functional.scaled_mm (block scales)", False)
+        else:
+            g = torch.Generator(device="cpu").manual_seed(0)
+            m, n, k = 1, 256, 640
+            a = (torch.randn(m, k, generator=g) * 4).to(torch.float8_e4m3fn).to(device)
+            b = (torch.randn(n, k, generator=g) * 4).to(torch.float8_e4m3fn).to(device)
+            sa = (torch.rand(m, k // GROUP_SIZE, generator=g) + 0.5).to(device)
+            sb = (torch.rand(n // GROUP_SIZE, k // GROUP_SIZE, generator=g) + 0.5).to(device)
+            ref = emulated_gemm(a, b, sa, sb, None, torch.float32).double()
+            errors = []
+            res = None
+            for padded in (True, False):
+                try:
+                    out = _block_mm(a, b, sa, sb, SAFE_OUT_DTYPE, padded).double()
+                except RuntimeError as e:  # cuBLASLt / torch refusal: try the other layout
+                    errors.append(f"{'padded' if padded else 'contiguous'} scale_b: {str(e).splitlines()[0]}")
+                    continue
+                err = 1 - 2 * (out * ref).sum() / (out * out + ref * ref).sum()
+                if float(err) < 1e-4:
+                    res = (True, f"block scales ({'padded' if padded else 'contiguous'} scale_b rows)", padded)
+                    break
+                errors.append(f"{'padded' if padded else 'contiguous'} scale_b: wrong result (calc_diff {float(err):.3g})")
+            if res is None:
+                res = (False, "cuBLASLt block scales unavailable: " + "; ".join(errors), False)
+        _block_probe[key] = res
+        return res
+
+
+def cublaslt_gemm(a, b, scale_a, scale_b, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    """``a @ b.T * scales + bias`` through cuBLASLt: a ``[M, K]`` / b ``[N, K]`` FP8 on CUDA, scales of
+    a pair this backend runs (see the module docstring), bias ``[N]`` or None; ``[M, N]`` of ``out_dtype``."""
+    m, n = a.shape[0], b.shape[0]
+    ka, kb = scale_kinds(scale_a, scale_b, m, n)
+    if kb == SCALE_BLOCK:
+        family = "block"
+        if ka != SCALE_GROUP:
+            scale_a = expand_scale_a_to_groups(scale_a, m, a.shape[1])
+        padded = _block_layout(a.device)[2]
+        sa = sb = None
+    elif ka in ROW_KINDS or kb in ROW_KINDS:
+        # torch._scaled_mm takes both scales row-wise ([M, 1] and [1, N]) or both per-tensor.
+        family = "row"
+        sa = scale_a.float().reshape(-1, 1).expand(m, 1).contiguous()
+        sb = scale_b.float().reshape(1, -1).expand(1, n).contiguous()
+    else:
+        family = "tensor"
+        sa, sb = scale_a.float().reshape(()), scale_b.float().reshape(())
+    # Fuse the bias only when that loses nothing: cuBLASLt takes a bf16/fp16 bias of the output
+    # dtype. Otherwise multiply into fp32, add the bias in fp32, and round once at the end.
+    fuse = family != "block" and bias is not None and bias.dtype == out_dtype and out_dtype in FUSED_BIAS_DTYPES
+    want = out_dtype if bias is None or fuse else torch.float32
+    key = (str(a.device), family, want, fuse)
+
+    def mm(dtype, with_bias):
+        if family == "block":
+            return _block_mm(a, b, scale_a, scale_b, dtype, padded)
+        return torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, bias=bias if with_bias else None, out_dtype=dtype)
+
+    out = None
+    if family == "tensor" or want == SAFE_OUT_DTYPE or key not in _refused:
+        try:
+            out = mm(want, fuse)
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError:
+            if family == "tensor" or want == SAFE_OUT_DTYPE:
+                raise
+            _refused.add(key)  # older builds write row-wise / block results in bf16 only
+    if out is None:
+        out, fuse = mm(SAFE_OUT_DTYPE, False), False
+    if bias is not None and not fuse:
+        out = out.float() + bias.float()
+    return out.to(out_dtype)
 
 
 class CublasLtBackend(Backend):
-    """Per-tensor or row-wise scales through ``torch._scaled_mm``."""
+    """Per-tensor, row-wise and block scales through cuBLASLt."""
 
     name = "cublaslt"
 
@@ -28,61 +187,49 @@ class CublasLtBackend(Backend):
             return False, f"needs compute capability >= {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}, device has {cc[0]}.{cc[1]}"
         return True, f"compute capability {cc[0]}.{cc[1]}"
 
+    @staticmethod
+    def _kinds_ok(ka: str, kb: str, device: torch.device, fa: torch.dtype, fb: torch.dtype) -> tuple[bool, str]:
+        if fa == torch.float8_e5m2 and fb == torch.float8_e5m2:
+            return False, "cuBLASLt has no e5m2 x e5m2 FP8 GEMM"
+        if kb == SCALE_BLOCK:
+            if fa != torch.float8_e4m3fn or fb != torch.float8_e4m3fn:
+                return False, "cuBLASLt block scales take e4m3 operands only"
+            if device.type != "cuda":
+                return False, f"needs a CUDA device, got {device.type}"
+            ok, why, _ = _block_layout(device)
+            return ok, why
+        if ka == SCALE_GROUP:
+            return False, f"scales {ka}/{kb}: 1x128 groups pair only with 128x128 weight blocks"
+        return True, "per-tensor / row-wise scales"
+
     def can_run(self, problem: GemmProblem) -> tuple[bool, str]:
         p = problem
-        if p.scale_a_kind not in (SCALE_TENSOR, SCALE_ROW) or p.scale_b_kind not in (SCALE_TENSOR, SCALE_ROW):
-            return False, f"scales {p.scale_a_kind}/{p.scale_b_kind} are not per-tensor or row-wise"
-        if p.a.dtype == torch.float8_e5m2 and p.b.dtype == torch.float8_e5m2:
-            return False, "cuBLASLt has no e5m2 x e5m2 FP8 GEMM"
         if p.k % ALIGN or p.n % ALIGN:
             return False, f"K={p.k} and N={p.n} must be multiples of {ALIGN}"
         if p.m == 0:
             return False, "M=0"
         if p.a.data_ptr() % ALIGN or p.b.data_ptr() % ALIGN:
             return False, f"a and b data pointers must be {ALIGN}-byte aligned (a view at an odd offset)"
-        return True, "per-tensor / row-wise scales, 16-aligned K and N"
+        ok, why = self._kinds_ok(p.scale_a_kind, p.scale_b_kind, p.device, p.a.dtype, p.b.dtype)
+        return ok, (f"{why}, 16-aligned K and N" if ok else why)
 
     def run(self, problem: GemmProblem) -> torch.Tensor:
         p = problem
-        row = SCALE_ROW in (p.scale_a_kind, p.scale_b_kind)
-        if row:
-            # torch._scaled_mm takes both scales row-wise ([M,1] and [1,N]) or both per-tensor;
-            # a per-tensor side is broadcast.
-            sa = p.scale_a.float().reshape(-1, 1).expand(p.m, 1).contiguous()
-            sb = p.scale_b.float().reshape(1, -1).expand(1, p.n).contiguous()
-        else:
-            sa, sb = p.scale_a.float().reshape(()), p.scale_b.float().reshape(())
-        # Fuse the bias only when that loses nothing: cuBLASLt takes a bf16/fp16 bias of the output
-        # dtype. Otherwise multiply into fp32, add the bias in fp32, and round once at the end.
-        fuse = p.bias is not None and p.bias.dtype == p.out_dtype and p.out_dtype in FUSED_BIAS_DTYPES
-        want = p.out_dtype if p.bias is None or fuse else torch.float32
-        out = _scaled_mm(p, sa, sb, p.bias if fuse else None, want, row)
-        if p.bias is not None and not fuse:
-            out = out.float() + p.bias.float()
-        return out.to(p.out_dtype)
+        return cublaslt_gemm(p.a, p.b, p.scale_a, p.scale_b, p.bias, p.out_dtype)
+
+    def can_serve(self, spec: LinearSpec) -> tuple[bool, str]:
+        if spec.k % ALIGN or spec.n % ALIGN:
+            return False, f"K={spec.k} and N={spec.n} must be multiples of {ALIGN}"
+        return self._kinds_ok(spec.activation_kind, spec.weight_kind, spec.device, spec.weight_dtype, spec.weight_dtype)
+
+    def process_weights(self, layer) -> None:
+        super().process_weights(layer)
+        if layer._parameters["weight"].data_ptr() % ALIGN:
+            w = layer._parameters["weight"]
+            layer._parameters["weight"] = torch.nn.Parameter(w.detach().clone(), requires_grad=False)
+
+    def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
+        return quantize_and_gemm(layer, x, ops.cublaslt_gemm)
 
 
-#: Bias dtypes cuBLASLt's FP8 epilogue adds (it refuses a bias with fp32 output).
-FUSED_BIAS_DTYPES = (torch.bfloat16, torch.float16)
-#: Output dtype that every torch._scaled_mm build writes for row-wise scales.
-ROWWISE_SAFE_DTYPE = torch.bfloat16
-#: (device, out_dtype, fused bias) combinations of row-wise scales this torch refused.
-_rowwise_refused: set[tuple[str, torch.dtype, bool]] = set()
-
-
-def _scaled_mm(p: GemmProblem, sa, sb, bias, out_dtype: torch.dtype, row: bool) -> torch.Tensor:
-    """``torch._scaled_mm`` in ``out_dtype``. Older torch / cuBLAS builds write row-wise results in
-    bf16 only: such a refusal is remembered per device and the product is written in bf16 instead
-    (the bias, if any, then added in fp32 afterwards)."""
-    key = (str(p.device), out_dtype, bias is not None)
-    if not row or out_dtype == ROWWISE_SAFE_DTYPE or key not in _rowwise_refused:
-        try:
-            return torch._scaled_mm(p.a, p.b.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype)
-        except torch.OutOfMemoryError:
-            raise
-        except RuntimeError:
-            if not row or out_dtype == ROWWISE_SAFE_DTYPE:
-                raise
-            _rowwise_refused.add(key)
-    out = torch._scaled_mm(p.a, p.b.t(), scale_a=sa, scale_b=sb, out_dtype=ROWWISE_SAFE_DTYPE)
-    return out if bias is None else out.float() + bias.float()
+__all__ = ["CublasLtBackend", "cublaslt_gemm", "SCALE_TENSOR"]

@@ -13,8 +13,9 @@ import weakref
 
 import torch
 
+from .. import ops
 from ..quantize import fp8_to_float32, scale_
-from .base import Backend, GemmProblem
+from .base import Backend, GemmProblem, LinearSpec, quantize_and_gemm
 
 #: Default memory budget of :func:`weight_cache` (fp32 copies; 4x the FP8 weights they stand for).
 WEIGHT_CACHE_BYTES = 8 * 2**30
@@ -50,9 +51,8 @@ def _version(t: torch.Tensor) -> int | None:
         return None
 
 
-def _dequantize_b(problem: GemmProblem) -> torch.Tensor:
+def _dequantize_b(b: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
     global _cache_room
-    b, sb = problem.b, problem.scale_b
     if _cache is None:
         return scale_(fp8_to_float32(b), sb)
     hit = _cache.get(id(b))
@@ -70,8 +70,20 @@ def _dequantize_b(problem: GemmProblem) -> torch.Tensor:
     return out
 
 
+def emulated_gemm(a, b, scale_a, scale_b, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    """``dequant(a) @ dequant(b).T + bias`` in fp32, cast to ``out_dtype``.
+
+    a ``[M, K]`` / b ``[N, K]`` FP8; scales of any kind of docs/design.md section 2 (fp32);
+    bias ``[N]`` or None. Dequantization is exact (an FP8 value times an fp32 scale).
+    """
+    out = scale_(fp8_to_float32(a), scale_a) @ _dequantize_b(b, scale_b).t()
+    if bias is not None:
+        out = out + bias.to(torch.float32)
+    return out.to(out_dtype)
+
+
 class EmulatedBackend(Backend):
-    """Dequantize both operands (exactly, in fp32) and multiply in fp32 (fp64 on request for tests)."""
+    """Dequantize both operands (exactly, in fp32) and multiply in fp32."""
 
     name = "emulated"
 
@@ -82,8 +94,11 @@ class EmulatedBackend(Backend):
         return True, "takes every problem"
 
     def run(self, problem: GemmProblem) -> torch.Tensor:
-        a = scale_(fp8_to_float32(problem.a), problem.scale_a)
-        out = a @ _dequantize_b(problem).t()
-        if problem.bias is not None:
-            out = out + problem.bias.to(torch.float32)
-        return out.to(problem.out_dtype)
+        p = problem
+        return emulated_gemm(p.a, p.b, p.scale_a, p.scale_b, p.bias, p.out_dtype)
+
+    def can_serve(self, spec: LinearSpec) -> tuple[bool, str]:
+        return True, "takes every layer"
+
+    def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
+        return quantize_and_gemm(layer, x, ops.emulated_gemm)

@@ -3,7 +3,7 @@
 docs/design.md section 7 shape set (Llama-3 8B / 70B linear layers) with a subsample of M, every preset,
 through ``FP8Linear``; ``fp8-block`` must fall to a backend that takes block scales (cuBLASLt refuses).
 Bar: calc_diff(backend, forced emulated) < 1e-5, for ``backend`` = the default choice (env unset;
-passes whether or not the sm90 kernel exists) and ``cublaslt`` forced (which must refuse fp8-block). Run: ``pytest -m gpu tests/core/test_gpu_cublaslt.py``.
+passes whether or not the sm90 kernel exists) and ``cublaslt`` forced (which must refuse fp8-block). Run: ``pytest -m gpu tests/fp8_linear/backends/test_cublaslt_gpu.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import fp8_linear.backends as backends
 from fp8_linear.backends import BACKEND_ENV, candidates
 from fp8_linear.gemm import make_problem
 from fp8_linear.quantize import dynamic_quantize, quantize_unchecked
+from fp8_linear import settings
 
 FP8_CC = (8, 9)
 pytestmark = [
@@ -78,15 +79,19 @@ def _default_vs_emulated(monkeypatch, mod: FP8Linear, x: torch.Tensor,
     ``backend`` "default" leaves ``FP8_LINEAR_BACKEND`` unset; a name forces that backend.
     """
     monkeypatch.delenv(BACKEND_ENV, raising=False)
+    settings.reload()
     verdicts = candidates(_problem_of(mod, x))
     chosen = next(name for name, ok, _ in verdicts if ok)
     if backend != "default":
         monkeypatch.setenv(BACKEND_ENV, backend)
+        settings.reload()
         chosen = backend
     out = mod(x)
     monkeypatch.setenv(BACKEND_ENV, "emulated")
+    settings.reload()
     ref = mod(x)
     monkeypatch.delenv(BACKEND_ENV)
+    settings.reload()
     assert out.shape == ref.shape and out.dtype == x.dtype
     return chosen, calc_diff(out, ref), dict((n, (ok, r)) for n, ok, r in verdicts)
 
@@ -134,6 +139,7 @@ def test_extra_shapes_vs_emulated(monkeypatch, preset, m, n, k, backend):
 @pytest.mark.parametrize("preset", ["fp8-tensor", "fp8-dynamic"])
 def test_repeated_runs_bitwise_identical(monkeypatch, preset):
     monkeypatch.delenv(BACKEND_ENV, raising=False)
+    settings.reload()
     mod = _module(preset, 4096, 4096)
     x = torch.randn(127, 4096, device="cuda", dtype=torch.bfloat16)
     first = mod(x)
@@ -146,6 +152,7 @@ def test_repeated_runs_bitwise_identical(monkeypatch, preset):
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (127, 4112, 1040), (64, 80, 16400)])  # cuBLASLt needs N, K % 16 == 0
 def test_forced_cublaslt_vs_fp64_reference(monkeypatch, out_dtype, kinds, m, n, k):
     monkeypatch.setenv(BACKEND_ENV, "cublaslt")
+    settings.reload()
     a, b = random_fp8((m, k), torch.float8_e4m3fn, "cuda"), random_fp8((n, k), torch.float8_e4m3fn, "cuda")
     sa = random_scale((1,) if kinds[0] == "tensor" else (m, 1), "cuda")
     sb = random_scale((1,) if kinds[1] == "tensor" else (n, 1), "cuda")
@@ -159,6 +166,7 @@ def test_forced_cublaslt_vs_fp64_reference(monkeypatch, out_dtype, kinds, m, n, 
 
 def test_k_not_multiple_of_16_falls_back_with_reason_logged(monkeypatch, caplog):
     monkeypatch.delenv(BACKEND_ENV, raising=False)
+    settings.reload()
     monkeypatch.setattr(backends, "_logged", set())
     caplog.set_level(logging.INFO, logger="fp8_linear")
     mod = FP8Linear.from_linear(nn.Linear(40, 256, device="cuda"), "fp8-dynamic")
@@ -171,4 +179,5 @@ def test_k_not_multiple_of_16_falls_back_with_reason_logged(monkeypatch, caplog)
     logged = " ".join(r.getMessage() for r in caplog.records if r.name == "fp8_linear")
     assert "GEMM backend emulated" in logged and "cublaslt skipped: K=40" in logged
     monkeypatch.setenv(BACKEND_ENV, "emulated")
+    settings.reload()
     assert torch.equal(out, mod(x))

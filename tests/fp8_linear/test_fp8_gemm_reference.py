@@ -12,6 +12,7 @@ import torch
 from helpers import calc_diff, gemm_ref64, random_fp8, random_scale, rounding_bar, scale_shape_for
 
 from fp8_linear import fp8_gemm
+from fp8_linear import settings
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT = (torch.bfloat16, torch.float16, torch.float32)
@@ -24,6 +25,7 @@ SCALE_PAIRS = [(a, b) for a in ("tensor", "row", "group") for b in ("tensor", "r
 @pytest.fixture(autouse=True)
 def _emulated(monkeypatch):
     monkeypatch.setenv("FP8_LINEAR_BACKEND", "emulated")
+    settings.reload()
 
 
 def _problem(m, n, k, fa, fb, ka, kb, bias):

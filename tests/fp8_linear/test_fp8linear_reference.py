@@ -8,6 +8,7 @@ from helpers import calc_diff, dequant64, rounding_bar
 from torch import nn
 
 from fp8_linear import PRESETS, FP8Linear, quantize_fp8
+from fp8_linear import settings
 
 ACT = (torch.bfloat16, torch.float16, torch.float32)
 #: (leading batch dims, in_features K, out_features N)
@@ -21,6 +22,7 @@ DYNAMIC_GRAN = {"token": "token", "group": "group"}
 @pytest.fixture(autouse=True)
 def _emulated(monkeypatch):
     monkeypatch.setenv("FP8_LINEAR_BACKEND", "emulated")
+    settings.reload()
 
 
 def _reference(mod: FP8Linear, x: torch.Tensor) -> torch.Tensor:

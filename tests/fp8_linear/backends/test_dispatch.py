@@ -15,6 +15,7 @@ from fp8_linear import BackendUnavailableError, fp8_gemm
 from fp8_linear.backends import BACKEND_ENV, BACKEND_NAMES, candidates, get_backend, select_backend
 from fp8_linear.backends.cublaslt import CublasLtBackend
 from fp8_linear.gemm import make_problem
+from fp8_linear import settings
 
 HAS_SM90_MODULE = importlib.util.find_spec("fp8_linear.backends.sm90") is not None
 needs_sm90_module = pytest.mark.skipif(not HAS_SM90_MODULE, reason="fp8_linear/backends/sm90.py not written yet")
@@ -40,6 +41,7 @@ def test_backend_order():
 
 def test_forced_emulated_runs_on_cpu(monkeypatch):
     monkeypatch.setenv(BACKEND_ENV, "emulated")
+    settings.reload()
     assert select_backend(_problem()).name == "emulated"
     a, b = random_fp8((4, 48), torch.float8_e4m3fn), random_fp8((72, 48), torch.float8_e4m3fn)
     assert fp8_gemm(a, b, torch.ones(1), torch.ones(1)).shape == (4, 72)
@@ -49,6 +51,7 @@ def test_forced_emulated_runs_on_cpu(monkeypatch):
 @pytest.mark.parametrize("name", ["cublaslt", "sm90"])
 def test_forced_backend_that_cannot_run_raises_with_reason(monkeypatch, name):
     monkeypatch.setenv(BACKEND_ENV, name)
+    settings.reload()
     p = _problem()
     _, why = dict((nm, (ok, r)) for nm, ok, r in candidates(p))[name]
     with pytest.raises(BackendUnavailableError) as ei:
@@ -63,6 +66,7 @@ def test_forced_cublaslt_reason_names_the_device(monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("checks the CPU refusal")
     monkeypatch.setenv(BACKEND_ENV, "cublaslt")
+    settings.reload()
     with pytest.raises(BackendUnavailableError, match="needs a CUDA device, got cpu"):
         select_backend(_problem())
 
@@ -70,6 +74,7 @@ def test_forced_cublaslt_reason_names_the_device(monkeypatch):
 @pytest.mark.parametrize("value", ["cutlass", "EMULATED", "sm100"])
 def test_unknown_backend_name_is_a_value_error(monkeypatch, value):
     monkeypatch.setenv(BACKEND_ENV, value)
+    settings.reload()
     with pytest.raises(ValueError) as ei:
         select_backend(_problem())
     msg = str(ei.value)
@@ -78,12 +83,14 @@ def test_unknown_backend_name_is_a_value_error(monkeypatch, value):
 
 def test_blank_env_means_not_forced(monkeypatch):
     monkeypatch.setenv(BACKEND_ENV, "  ")
+    settings.reload()
     p = _problem()
     assert select_backend(p).name == next(name for name, ok, _ in candidates(p) if ok)
 
 
 def test_choice_logged_once_per_backend_and_reason(monkeypatch, fresh_log):
     monkeypatch.delenv(BACKEND_ENV, raising=False)
+    settings.reload()
     a, b = random_fp8((4, 64), torch.float8_e4m3fn), random_fp8((32, 64), torch.float8_e4m3fn)
     for _ in range(3):
         fp8_gemm(a, b, torch.ones(1), torch.ones(1))
@@ -91,7 +98,10 @@ def test_choice_logged_once_per_backend_and_reason(monkeypatch, fresh_log):
     assert len(recs) == 1
     msg = recs[0].getMessage()
     assert "emulated" in msg and "sm90 skipped:" in msg and "cublaslt skipped: needs a CUDA device" in msg
-    monkeypatch.setenv(BACKEND_ENV, "emulated")  # a new (backend, reason) pair logs once more
+    monkeypatch.setenv(BACKEND_ENV, "emulated")  # a new (backend, reason) pair logs once more...
+    fp8_gemm(a, b, torch.ones(1), torch.ones(1))
+    assert len([r for r in fresh_log.records if r.name == "fp8_linear"]) == 1  # ...once the settings are re-read
+    settings.reload()
     for _ in range(2):
         fp8_gemm(a, b, torch.ones(1), torch.ones(1))
     recs = [r.getMessage() for r in fresh_log.records if r.name == "fp8_linear"]
@@ -100,6 +110,7 @@ def test_choice_logged_once_per_backend_and_reason(monkeypatch, fresh_log):
 
 def test_none_can_run_lists_every_reason(monkeypatch):
     monkeypatch.delenv(BACKEND_ENV, raising=False)
+    settings.reload()
     p = _problem(m=5, n=40, k=48)
     only_gpu = [b for b in backends.BACKENDS if b.name != "emulated"]
     if any(b.supports(p.device)[0] and b.can_run(p)[0] for b in only_gpu):
@@ -140,14 +151,18 @@ def test_cublaslt_refuses_misaligned_operand():
     assert not ok and "aligned" in why
 
 
-def test_cublaslt_refuses_block_scales_and_e5m2_pairs():
+def test_cublaslt_block_scales_need_e4m3_and_a_cuda_device():
     b = random_fp8((256, 128), torch.float8_e5m2)
     p = make_problem(random_fp8((4, 128), torch.float8_e5m2), b, torch.ones(1), torch.ones(1))
     assert CublasLtBackend().can_run(p) == (False, "cuBLASLt has no e5m2 x e5m2 FP8 GEMM")
-    p = make_problem(random_fp8((4, 128), torch.float8_e4m3fn), b.to(torch.float32).to(torch.float8_e4m3fn),
-                     torch.ones(1), random_scale((2, 1)))
+    p = make_problem(random_fp8((4, 128), torch.float8_e4m3fn), b, random_scale((4, 1)), random_scale((2, 1)))
+    assert p.scale_b_kind == "block"
     ok, why = CublasLtBackend().can_run(p)
-    assert not ok and "block" in why
+    assert not ok and "e4m3 operands only" in why
+    e4 = b.to(torch.float32).to(torch.float8_e4m3fn)
+    p = make_problem(random_fp8((4, 128), torch.float8_e4m3fn), e4, random_scale((4, 1)), random_scale((2, 1)))
+    ok, why = CublasLtBackend().can_run(p)
+    assert not ok and why == "needs a CUDA device, got cpu"  # the block probe runs on CUDA devices only
 
 
 def test_get_backend_by_name():
@@ -161,6 +176,7 @@ def test_sm90_refuses_k_not_multiple_of_16_and_dispatch_falls_back(monkeypatch, 
     from fp8_linear.backends.sm90 import Sm90Backend
 
     monkeypatch.delenv(BACKEND_ENV, raising=False)
+    settings.reload()
     p = _problem(m=16, n=64, k=40)
     ok, why = Sm90Backend().can_run(p)
     assert not ok and "16" in why and "40" in why
@@ -173,6 +189,7 @@ def test_sm90_refuses_k_not_multiple_of_16_and_dispatch_falls_back(monkeypatch, 
 
 def test_log_once_under_concurrent_first_calls(monkeypatch, fresh_log):
     monkeypatch.setenv(BACKEND_ENV, "emulated")
+    settings.reload()
     p = _problem()
     start = threading.Barrier(8)
 

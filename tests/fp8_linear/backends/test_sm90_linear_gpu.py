@@ -1,29 +1,25 @@
-"""FP8Linear's decode fast path (fp8_linear/fast_path.py, the extension's linear_fwd / act_quant).
+"""The sm90 backend's linear op (``fp8_linear.backends.sm90.sm90_linear``: the extension's
+``linear_fwd`` / ``act_quant`` in one host call) on an sm_90 GPU.
 
-GPU (compute capability 9.0): the fast path gives bitwise the outputs of the generic path
-(``FP8_LINEAR_FAST_PATH=0``: Triton quantization, dispatcher, registered op) over presets, input
-dtypes, M, (N, K) and bias; ``act_quant`` alone gives the CPU path's FP8 bits and scales (inputs with
-inf / NaN / all-zero rows / saturating values) and the Triton path's bytes; CUDA graph capture of a
-model on the fast path replays bitwise; ``torch.compile`` of an FP8Linear still runs (op path).
-CPU: the switch logic (which setting turns the path off, and why) and the cached decision's bookkeeping.
+The layer's output is bitwise what the public GEMM gives on the same quantized activation
+(``quantize_fp8``-equivalent torch ops / Triton, then ``fp8_gemm`` on the sm90 backend) over presets,
+input dtypes, M, (N, K) and bias; batched, strided and empty inputs; ``act_quant`` alone gives the
+CPU path's FP8 bits and scales and the Triton path's bytes; CUDA graph capture replays bitwise.
 """
 
 from __future__ import annotations
-
-import copy
-import importlib
 
 import pytest
 import torch
 
 from helpers import calc_diff
 
-from fp8_linear import FP8Linear, fast_path
+from fp8_linear import FP8Linear, fp8_gemm, settings
 from fp8_linear.formats import MIN_SCALE, fmt_max
 from fp8_linear.quantize import dynamic_quantize, quantize_unchecked
 
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-needs_sm90 = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")]
 
 PRESETS = ["fp8-tensor", "fp8-channel", "fp8-dynamic"]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -51,13 +47,15 @@ def _module(preset: str, n: int, k: int, bias: bool, dtype: torch.dtype) -> FP8L
     return _modules[key]
 
 
-def _both_paths(monkeypatch, mod: FP8Linear, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """(fast path output, generic path output, the fast-path decision's reason)."""
-    monkeypatch.setenv(fast_path.ENV_FAST_PATH, "0")
-    ref = mod(x)
-    monkeypatch.setenv(fast_path.ENV_FAST_PATH, "1")
-    out = mod(x)
-    return out, ref, mod.__dict__[fast_path.STATE_ATTR].reason
+def _reference(mod: FP8Linear, x: torch.Tensor) -> torch.Tensor:
+    """The layer through the public pieces: Triton quantization of x, then fp8_gemm (sm90 backend)."""
+    x2 = x.reshape(-1, mod.in_features)
+    if mod.input_scale is not None:
+        q, sa = quantize_unchecked(x2, mod.weight.dtype, mod.input_scale), mod.input_scale
+    else:
+        q, sa = dynamic_quantize(x2, mod.weight.dtype, mod.scheme.activation_granularity)
+    out = fp8_gemm(q, mod.weight, sa, mod.weight_scale, mod.bias, x.dtype)
+    return out.reshape(*x.shape[:-1], mod.out_features)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -65,66 +63,58 @@ def _both_paths(monkeypatch, mod: FP8Linear, x: torch.Tensor) -> tuple[torch.Ten
 @pytest.mark.parametrize("m", MS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("preset", PRESETS)
-@pytest.mark.gpu
-@pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")
-def test_fast_path_bitwise_equals_generic(monkeypatch, preset, dtype, m, n, k, bias):
+def test_linear_op_bitwise_equals_quantize_then_gemm(preset, dtype, m, n, k, bias):
     mod = _module(preset, n, k, bias, dtype)
+    assert mod.backend == "sm90", mod._plan.reason
     x = torch.randn(m, k, device="cuda", dtype=dtype)
-    out, ref, why = _both_paths(monkeypatch, mod, x)
-    assert mod.__dict__[fast_path.STATE_ATTR].ok, why
+    out, ref = mod(x), _reference(mod, x)
     assert out.dtype == dtype and out.shape == (m, n)
     assert torch.isfinite(out).all()
     assert torch.equal(_bits(out), _bits(ref)), f"{preset} {dtype} M={m} N={n} K={k}: calc_diff {calc_diff(out, ref):.3g}"
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-@pytest.mark.gpu
-@pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")
-def test_fast_path_batched_and_row_strided_inputs(monkeypatch, preset):
+def test_batched_strided_and_empty_inputs(preset):
     mod = _module(preset, 200, 1040, True, torch.bfloat16)
     x3 = torch.randn(3, 5, 1040, device="cuda", dtype=torch.bfloat16)  # [batch, seq, K]
-    out, ref, why = _both_paths(monkeypatch, mod, x3)
-    assert out.shape == (3, 5, 200) and torch.equal(_bits(out), _bits(ref)), why
+    out = mod(x3)
+    assert out.shape == (3, 5, 200) and torch.equal(_bits(out), _bits(_reference(mod, x3)))
     for x in (x3[0, 0], x3[:, 1:4], x3.transpose(0, 1)):  # 1-D; viewable and copying reshapes
-        out, ref, _ = _both_paths(monkeypatch, mod, x)
-        assert out.shape == ref.shape and torch.equal(_bits(out), _bits(ref))
+        out = mod(x)
+        assert out.shape == (*x.shape[:-1], 200) and torch.equal(_bits(out), _bits(_reference(mod, x)))
     empty = torch.empty(0, 1040, device="cuda", dtype=torch.bfloat16)
     assert mod(empty).shape == (0, 200)
     wide = torch.randn(9, 2 * 1040 + 8, device="cuda", dtype=torch.bfloat16)
     for x in (wide[:, :1040], wide[:, 8:1048]):  # row stride 2088; aligned and 16-byte-misaligned starts
-        out, ref, _ = _both_paths(monkeypatch, mod, x)
-        assert torch.equal(_bits(out), _bits(ref))
-    xt = torch.randn(1040, 4, device="cuda", dtype=torch.bfloat16).t()  # last dim not contiguous: generic path
-    out, ref, _ = _both_paths(monkeypatch, mod, xt)
-    assert torch.equal(_bits(out), _bits(ref))
+        assert torch.equal(_bits(mod(x)), _bits(_reference(mod, x)))
+    xt = torch.randn(1040, 4, device="cuda", dtype=torch.bfloat16).t()  # last dim not contiguous
+    assert torch.equal(_bits(mod(xt)), _bits(_reference(mod, xt)))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")
-def test_other_backends_and_switches_keep_generic_path(monkeypatch):
+def test_forced_backends_and_block_layers_choose_as_documented(fp8_env):
     mod = _module("fp8-dynamic", 256, 1040, False, torch.bfloat16)  # N, K multiples of 16: cuBLASLt can run it
     x = torch.randn(4, 1040, device="cuda", dtype=torch.bfloat16)
-    monkeypatch.setenv("FP8_LINEAR_BACKEND", "cublaslt")
+    fp8_env(FP8_LINEAR_BACKEND="cublaslt")
     mod(x)
-    assert not mod.__dict__[fast_path.STATE_ATTR].ok
-    monkeypatch.setenv("FP8_LINEAR_BACKEND", "sm90")
-    mod(x)
-    assert mod.__dict__[fast_path.STATE_ATTR].ok
-    monkeypatch.setenv("FP8_LINEAR_FUSED_QUANT", "0")
-    mod(x)
-    assert not mod.__dict__[fast_path.STATE_ATTR].ok
-    block = FP8Linear.from_linear(torch.nn.Linear(1040, 200, device="cuda"), "fp8-block")
-    monkeypatch.delenv("FP8_LINEAR_FUSED_QUANT")
-    monkeypatch.delenv("FP8_LINEAR_BACKEND")
-    block(x)
-    assert not block.__dict__[fast_path.STATE_ATTR].ok
+    assert mod.backend == "cublaslt"
+    fp8_env(FP8_LINEAR_BACKEND="sm90")
+    assert mod.backend == "sm90"
+    fp8_env(FP8_LINEAR_BACKEND=None)
+    block = FP8Linear.from_linear(torch.nn.Linear(1024, 256, device="cuda"), "fp8-block")
+    block(x[:, :1024])
+    from fp8_linear.backends.sm90 import block_scales_available
+
+    ok, why = block_scales_available()
+    assert (block.backend == "sm90") is ok, block._plan.reason
+    if not ok:
+        assert why in block._plan.reason
 
 
 # --------------------------------------------------------------- act_quant alone
 def _ext():
-    from fp8_linear.backends.sm90 import kernels_module
+    from fp8_linear.kernels import jit
 
-    return importlib.import_module(kernels_module().__name__ + ".jit").load()
+    return jit.load()
 
 
 def _hard_inputs(rows: int, k: int, dtype: torch.dtype) -> torch.Tensor:
@@ -150,10 +140,9 @@ def _same_fp8(q1: torch.Tensor, q2: torch.Tensor) -> bool:
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,k", [(1, 16), (7, 48), (5, 100), (64, 1040), (129, 4096), (3, 16400)])
-@pytest.mark.gpu
-@pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")
 def test_act_quant_matches_cpu_and_triton(monkeypatch, fp8, dtype, rows, k):
     monkeypatch.delenv("FP8_LINEAR_FUSED_QUANT", raising=False)
+    settings.reload()
     ext, code, m = _ext(), 0 if fp8 == torch.float8_e4m3fn else 1, fmt_max(fp8)
     x = _hard_inputs(rows, k, dtype)
     static = torch.tensor([0.0123], device="cuda")
@@ -182,8 +171,6 @@ def test_act_quant_matches_cpu_and_triton(monkeypatch, fp8, dtype, rows, k):
         assert torch.equal(s, triton[mode][1]), mode
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")
 def test_act_quant_row_strided_and_errors():
     ext, m = _ext(), fmt_max(torch.float8_e4m3fn)
     wide = torch.randn(33, 1024 + 24, device="cuda", dtype=torch.float16)
@@ -197,7 +184,7 @@ def test_act_quant_row_strided_and_errors():
         ext.act_quant(wide, 0, 0, None, m, MIN_SCALE)
     with pytest.raises(RuntimeError, match="act_mode"):
         ext.linear_fwd(wide, torch.zeros(8, 1048, device="cuda", dtype=torch.float8_e4m3fn), None,
-                       torch.ones(1, device="cuda"), None, 2, 1, m, MIN_SCALE)
+                       torch.ones(1, device="cuda"), None, 7, 1, m, MIN_SCALE)
 
 
 # --------------------------------------------------------------- graphs and compile
@@ -214,10 +201,7 @@ class _Block(torch.nn.Module):
         return self.down(torch.nn.functional.silu(self.up(x)))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")
-def test_cuda_graph_capture_on_fast_path(monkeypatch):
-    monkeypatch.setenv(fast_path.ENV_FAST_PATH, "1")
+def test_cuda_graph_capture_replays_bitwise():
     model = _Block(1024, 2048)
     static_x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
     s = torch.cuda.Stream()
@@ -226,7 +210,7 @@ def test_cuda_graph_capture_on_fast_path(monkeypatch):
         for _ in range(2):  # warm up: decisions, build, config choice
             model(static_x)
     torch.cuda.current_stream().wait_stream(s)
-    assert model.up.__dict__[fast_path.STATE_ATTR].ok and model.down.__dict__[fast_path.STATE_ATTR].ok
+    assert model.up.backend == "sm90" and model.down.backend == "sm90"
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         static_out = model(static_x)
@@ -236,68 +220,15 @@ def test_cuda_graph_capture_on_fast_path(monkeypatch):
         static_out.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
-        monkeypatch.setenv(fast_path.ENV_FAST_PATH, "0")
         ref = model(x)
-        monkeypatch.setenv(fast_path.ENV_FAST_PATH, "1")
         assert torch.equal(_bits(static_out), _bits(ref))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")
-def test_torch_compile_takes_op_path(monkeypatch):
-    monkeypatch.setenv(fast_path.ENV_FAST_PATH, "1")
+def test_torch_compile_runs_the_op_bitwise():
     mod = _module("fp8-channel", 200, 1040, True, torch.bfloat16)
     x = torch.randn(5, 1040, device="cuda", dtype=torch.bfloat16)
     compiled = torch.compile(mod)
     out = compiled(x)
     eager = mod(x)
     torch.cuda.synchronize()
-    assert out.shape == eager.shape and torch.isfinite(out).all()
-    assert calc_diff(out, eager) < 1e-3
-
-
-# --------------------------------------------------------------- CPU: switch logic
-CPU = torch.device("cpu")
-
-
-def _cpu_module(preset: str) -> FP8Linear:
-    return FP8Linear.from_linear(torch.nn.Linear(64, 32), preset, input_amax=INPUT_AMAX)
-
-
-@pytest.mark.parametrize("env,value,reason", [
-    (fast_path.ENV_FAST_PATH, "0", "FP8_LINEAR_FAST_PATH=0"),
-    ("FP8_LINEAR_BACKEND", "emulated", "FP8_LINEAR_BACKEND=emulated"),
-    ("FP8_LINEAR_BACKEND", "cublaslt", "FP8_LINEAR_BACKEND=cublaslt"),
-    ("FP8_LINEAR_FUSED_QUANT", "0", "FP8_LINEAR_FUSED_QUANT=0"),
-])
-def test_switches_turn_the_fast_path_off(monkeypatch, env, value, reason):
-    monkeypatch.setenv(env, value)
-    st = fast_path.decide(_cpu_module("fp8-dynamic"), CPU)
-    assert not st.ok and reason in st.reason
-
-
-def test_decision_by_scheme_and_device(monkeypatch):
-    for var in (fast_path.ENV_FAST_PATH, "FP8_LINEAR_BACKEND", "FP8_LINEAR_FUSED_QUANT"):
-        monkeypatch.delenv(var, raising=False)
-    assert "group" in fast_path.decide(_cpu_module("fp8-block"), CPU).reason
-    monkeypatch.setenv("FP8_LINEAR_BACKEND", "sm90")  # forcing sm90 keeps the path eligible
-    for preset in PRESETS:
-        st = fast_path.decide(_cpu_module(preset), CPU)
-        assert not st.ok and "needs a CUDA device" in st.reason, (preset, st.reason)
-
-
-def test_cached_decision_follows_switches_moves_and_copies(monkeypatch):
-    monkeypatch.delenv(fast_path.ENV_FAST_PATH, raising=False)
-    mod = _cpu_module("fp8-tensor")
-    first = fast_path.state(mod, CPU)
-    assert fast_path.state(mod, CPU) is first  # cached per device and switches
-    monkeypatch.setenv(fast_path.ENV_FAST_PATH, "0")
-    assert "FP8_LINEAR_FAST_PATH=0" in fast_path.state(mod, CPU).reason  # a switch change re-decides
-    assert fast_path.STATE_ATTR not in dict(mod.named_buffers()) and fast_path.STATE_ATTR not in mod.state_dict()
-    twin = copy.deepcopy(mod)
-    assert twin.__dict__[fast_path.STATE_ATTR].key is None  # copies decide again
-    mod.to(torch.float16)
-    assert fast_path.STATE_ATTR not in mod.__dict__  # moves and casts decide again
-    x = torch.randn(3, 64)
-    assert torch.equal(mod(x), mod(x))  # CPU forward never consults the fast path
-    assert fast_path.STATE_ATTR not in mod.__dict__
+    assert out.shape == eager.shape and torch.equal(_bits(out), _bits(eager))

@@ -14,6 +14,7 @@ import torch
 
 from fp8_linear.kernels import quant_triton
 from fp8_linear.quantize import dynamic_quantize, quantize_unchecked
+from fp8_linear import settings
 
 pytestmark = pytest.mark.gpu
 
@@ -42,6 +43,7 @@ def _same(q1, q2):
 @pytest.mark.parametrize("rows,k", [(1, 16), (7, 48), (64, 1040), (129, 4096), (3, 16400)])
 def test_fused_matches_torch_ops(monkeypatch, fp8, dtype, rows, k):
     monkeypatch.setenv(quant_triton.ENV_DISABLE, "1")
+    settings.reload()
     x = _inputs(rows, k, dtype)
     assert quant_triton.available(x)[0], quant_triton.available(x)
     static = torch.tensor([0.0123], device="cuda")
@@ -63,6 +65,7 @@ def test_fused_matches_torch_ops(monkeypatch, fp8, dtype, rows, k):
 
 def test_row_strided_input_matches_contiguous(monkeypatch):
     monkeypatch.setenv(quant_triton.ENV_DISABLE, "1")
+    settings.reload()
     x = torch.randn(32, 2 * 512, device="cuda", dtype=torch.bfloat16)[:, :512]
     assert x.stride() == (1024, 1)
     q1, s1 = dynamic_quantize(x, torch.float8_e4m3fn, "token")
