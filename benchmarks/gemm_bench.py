@@ -58,7 +58,7 @@ TIMING = {"burst": (3, 40, 0.0), "steady": (2, 400, 0.5), "decode": (3, 0, 0.0),
           "splitk": (2, 50, 0.1), "raster": (2, 200, 0.3)}
 RASTER_SHAPES = ("8192x6144x4096,8192x4096x4096,4096x28672x4096,8192x28672x4096,8192x10240x8192,"
                  "8192x8192x8192,6144x6144x1280,2048x6144x4096")
-#: The decode mode's operand copies span at least this much (H200 L2: 60 MB).
+#: The decode mode's operand copies span at least this much: several times the L2 (the JSON records its size).
 ROTATE_MB = 256
 
 

@@ -27,7 +27,7 @@ def _version(module: str) -> str | None:
 
 
 def environment(extra: dict | None = None) -> dict:
-    """Date (UTC), the command line, GPU name and SM count, torch / CUDA / triton / Python versions and
+    """Date (UTC), the command line, GPU name, SM count and L2 size, torch / CUDA / triton / Python versions and
     our kernel's build key (``None`` for what is not there), plus ``extra``."""
     import torch
 
@@ -37,7 +37,7 @@ def environment(extra: dict | None = None) -> dict:
             "python": platform.python_version(), "gpu": None, "sms": None, "kernel_cache_key": None}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        meta.update(gpu=props.name, sms=props.multi_processor_count)
+        meta.update(gpu=props.name, sms=props.multi_processor_count, l2_bytes=getattr(props, "L2_cache_size", None))
         try:
             from fp8_linear.kernels import jit
 
