@@ -58,6 +58,8 @@ TIMING = {"burst": (3, 40, 0.0), "steady": (2, 400, 0.5), "decode": (3, 0, 0.0),
           "splitk": (2, 50, 0.1), "raster": (2, 200, 0.3)}
 RASTER_SHAPES = ("8192x6144x4096,8192x4096x4096,4096x28672x4096,8192x28672x4096,8192x10240x8192,"
                  "8192x8192x8192,6144x6144x1280,2048x6144x4096")
+#: M values of the splitk mode unless --ms says otherwise.
+SPLITK_MS = "1,16,64,128,256"
 #: The decode mode's operand copies span at least this much: several times the L2 (the JSON records its size).
 ROTATE_MB = 256
 
@@ -88,7 +90,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--configs", default="", help="forced kernel configs (ids or names) to time as well")
     ap.add_argument("--per-channel", action="store_true", help="also ours_ch and each forced config's per-channel twin")
     ap.add_argument("--env", default="", help="NAME=v1,v2,...: our choice once per value of the variable")
-    ap.add_argument("--ms", default="1,16,64,128,256", help="splitk mode: M values")
+    ap.add_argument("--ms", default="", help="splitk and decode modes: M values (default 1,16,64,128,256 / 1,2,..,1024)")
+    ap.add_argument("--models", default="", help="decode mode: comma-separated model names of the decode set")
     ap.add_argument("--splits", default="2,4,8", help="splitk mode: forced split factors (upper bounds)")
     ap.add_argument("--groups", default="8,16,32,64", help="raster mode: tile-raster group heights")
     ap.add_argument("--even-waves", action="store_true", help="raster mode: each launch also on the even-waves grid")
@@ -116,7 +119,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if args.shapes:
         shapes = S.parse_shapes(args.shapes)
     elif mode == "splitk":
-        shapes = S.small_m_set(tuple(S.parse_ints(args.ms, "--ms")) or (1,))
+        shapes = S.small_m_set(tuple(S.parse_ints(args.ms or SPLITK_MS, "--ms")) or (1,))
+    elif mode == "decode" and (args.ms or args.models) and (args.set in (None, "decode")):
+        models = tuple(m.strip() for m in args.models.split(",") if m.strip()) or None
+        shapes = S.decode_set(tuple(S.parse_ints(args.ms, "--ms")) or S.DECODE_MS, models)
     elif mode == "raster":
         shapes = S.parse_shapes(RASTER_SHAPES)[: 2 if args.quick else None]
     else:

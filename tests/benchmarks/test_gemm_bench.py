@@ -31,6 +31,14 @@ def test_each_mode_has_its_set_columns_and_timing():
     assert (args.rounds, args.rep, args.burn) == (4, 400, 0.5)
 
 
+def test_decode_plan_splits_by_model_and_m():
+    p = plan_of("--mode", "decode", "--models", "Qwen2.5-0.5B,Gemma-2-9B", "--ms", "1,1024")
+    assert len(p.shapes) == 16 and {s.m for s in p.shapes} == {1, 1024}
+    assert {s.layer.split()[0] for s in p.shapes} == {"Qwen2.5-0.5B", "Gemma-2-9B"}
+    with pytest.raises(ValueError, match="Llama-9"):
+        plan_of("--mode", "decode", "--models", "Llama-9")
+
+
 def test_quick_decode_plan_is_small():
     quick = plan_of("--mode", "decode", "--quick")
     assert 0 < len(quick.shapes) <= 48 and {s.m for s in quick.shapes} == {1, 16, 64, 256}
@@ -111,3 +119,18 @@ def test_table_row_prints_na_and_ratios():
     assert "n/a" in line and "1.250" in line and "2.25" in line
     assert len(R.header(cols, ratios)) == len(line)
     assert math.isclose(R.calc_diff(torch.ones(4), torch.ones(4)), 0.0, abs_tol=1e-15)
+
+
+def test_runs_as_a_module_from_the_repository_root():
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-m", "benchmarks.gemm_bench", "--help"], cwd=root,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "--mode" in run.stdout and "cublas_block" in run.stdout
+    if not torch.cuda.is_available():
+        run = subprocess.run([sys.executable, "-m", "benchmarks.gemm_bench", "--mode", "decode", "--quick"],
+                             cwd=root, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 1 and "needs a CUDA GPU" in run.stderr
