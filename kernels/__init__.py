@@ -10,14 +10,31 @@ import torch
 
 from .configs import CONFIGS, KernelConfig, select_config, select_splits
 
-__all__ = ["CONFIGS", "KernelConfig", "swap_ok", "select_config", "select_splits", "sm90_gemm", "sm90_gemm_out",
-           "OP_NAME"]
+__all__ = ["CONFIGS", "KernelConfig", "swap_ok", "is_block_scaled", "select_config", "select_splits", "sm90_gemm",
+           "sm90_gemm_out", "OP_NAME", "BLOCK_SCALES", "SCALE_BLOCK"]
+
+#: The kernel takes fine-grained scales (1x128 activation groups with 128x128 weight blocks; see
+#: :func:`is_block_scaled`), checked on an H200 by tests/kernels/test_sm90_block_gpu.py.
+BLOCK_SCALES = False
+#: Width of the activation groups and height (and width) of the weight blocks of fine-grained scales.
+SCALE_BLOCK = 128
 
 OP_NAME = "fp8_linear::sm90_gemm"
 _SCHEMA = (
     "sm90_gemm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, "
     "ScalarType out_dtype, int config=-1) -> Tensor"
 )
+
+
+def is_block_scaled(scale_a, scale_b, m: int, n: int, k: int) -> bool:
+    """Whether ``(scale_a, scale_b)`` are fine-grained scales for an ``[m, k] x [n, k]`` problem: scale_a
+    2-D ``[m, ceil(k/128)]`` (fp32, row-major: one scale per token and 128 of K) with scale_b 2-D
+    ``[ceil(n/128), ceil(k/128)]`` (one per 128 x 128 weight block). Where these shapes are also per-row /
+    per-tensor ones (k <= 128 and n <= 128) the two readings are the same product and the per-row path
+    runs (the binding's rule, ``csrc/binding.cpp`` is_block_scaled)."""
+    kbn, nbn = -(-k // SCALE_BLOCK), -(-n // SCALE_BLOCK)
+    return (scale_a.dim() == 2 and scale_b.dim() == 2 and tuple(scale_a.shape) == (m, kbn)
+            and tuple(scale_b.shape) == (nbn, kbn) and not (kbn == 1 and nbn == 1))
 
 
 def swap_ok(scale_a, out_dtype: torch.dtype) -> bool:
@@ -31,12 +48,14 @@ def sm90_gemm_out(a, b, scale_a, scale_b, bias, out, config: int = -1, direct_st
     """Run the kernel into a preallocated contiguous ``out`` ([M, N]); ``config=-1`` picks by shape and
     :func:`swap_ok` (:func:`select_config`).
     ``direct_store=True`` forces the register -> global epilogue instead of the TMA store (tests).
-    ``splits``: split-K factor (an upper bound; 1 = off); ``None`` picks by shape (:func:`select_splits`)."""
+    ``splits``: split-K factor (an upper bound; 1 = off); ``None`` picks by shape (:func:`select_splits`).
+    Fine-grained scales (:func:`is_block_scaled`) run the configs' block-scaled instances."""
     from . import jit
 
     m, n, k = a.shape[0], b.shape[0], a.shape[1]
     if config < 0:
-        config = select_config(m, n, k, swap_ok=swap_ok(scale_a, out.dtype)).id
+        block = is_block_scaled(scale_a, scale_b, m, n, k)
+        config = select_config(m, n, k, swap_ok=not block and swap_ok(scale_a, out.dtype), block=block).id
     if splits is None:
         splits = select_splits(CONFIGS[config], m, n, k) if 0 <= config < len(CONFIGS) else 1
     jit.load().gemm_out(a, b, scale_a, scale_b, bias, out, int(config), 1 if direct_store else 0, int(splits))
@@ -71,5 +90,10 @@ _register()
 
 
 def sm90_gemm(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16, config: int = -1) -> torch.Tensor:
-    """``(a @ b.T) * scale_a * scale_b + bias`` through the sm90 kernel (the registered torch op)."""
+    """``(a @ b.T) * scale_a * scale_b + bias`` through the sm90 kernel (the registered torch op).
+
+    a ``[M, K]``, b ``[N, K]`` fp8 (e4m3 / e5m2), K-contiguous, K % 16 == 0; bias ``[N]`` or None; out
+    ``[M, N]`` of ``out_dtype`` (bf16, fp16, fp32). Scales fp32, contiguous: scale_a ``[1]`` or ``[M, 1]``
+    with scale_b ``[1]`` or ``[N, 1]``, or fine-grained: scale_a ``[M, ceil(K/128)]`` (1x128 groups) with
+    scale_b ``[ceil(N/128), ceil(K/128)]`` (128x128 blocks), applied in FP32 at every 128 of K."""
     return torch.ops.fp8_linear.sm90_gemm(a, b, scale_a, scale_b, bias, out_dtype, config)

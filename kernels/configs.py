@@ -23,6 +23,7 @@ class KernelConfig:
     overlap: bool = False  # pipeline across tiles: next tile's first k-blocks run under this tile's epilogue
     carry: bool = False  # the next tile's first k-block issued before this tile's epilogue (even k-blocks)
     split_k: bool = False  # has split-K kernel instances (select_splits; sm90_launch.cuh config_splits_k)
+    block_scales: bool = False  # has BLK instances: 1x128 / 128x128 scales (sm90_launch.cuh launch_blk)
 
     @property
     def swap_tma_store(self) -> bool:
@@ -33,13 +34,13 @@ class KernelConfig:
 
 CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(0, 128, False, 1),
-    KernelConfig(1, 16, True, 4, split_k=True),
-    KernelConfig(2, 32, True, 4, split_k=True),
-    KernelConfig(3, 64, True, 4, split_k=True),
+    KernelConfig(1, 16, True, 4, split_k=True, block_scales=True),
+    KernelConfig(2, 32, True, 4, split_k=True, block_scales=True),
+    KernelConfig(3, 64, True, 4, split_k=True, block_scales=True),
     KernelConfig(4, 128, False, 2),  # promotion every 64: comparison, not selected (20% slower)
     KernelConfig(5, 128, False, 1, 2),  # 2-CTA cluster, B multicast: correct, ~2% slower than 0 (kernel-log v6)
-    KernelConfig(6, 192, False, 1),  # 128 x 192 tile: less shared-memory and L2 traffic per FLOP
-    KernelConfig(7, 128, False, 1, 1, True, split_k=True),  # 0 with two accumulators (wgmma.wait_group 1)
+    KernelConfig(6, 192, False, 1, block_scales=True),  # 128 x 192 tile: less shared-memory and L2 traffic per FLOP
+    KernelConfig(7, 128, False, 1, 1, True, split_k=True, block_scales=True),  # 0 with two accumulators (wait_group 1)
     KernelConfig(8, 128, False, 1, 2, True),  # 7 on 2-CTA clusters, B multicast: 8% slower than 7 (kernel-log v8)
     KernelConfig(9, 128, False, 1, 1, True, True),  # 7 + epilogue overlapped with the next tile (v9; slower)
     KernelConfig(10, 144, False, 1, 1, True, split_k=True),  # 7 on a 128 x 144 tile (v10)
@@ -75,6 +76,12 @@ LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
     (6, 1.086, 2.0),  # docs/kernel-log.md v7
     (10, 1.107 * 1.019, CONFIG10_OVERHEAD_KB),  # v11 (steady state); overhead: v18-v20
 )
+
+#: The large-M candidates of block-scaled launches (:func:`select_config` ``block``): those with BLK
+#: instances. Config 10's consumers (240 registers) have no room for the block factors: ptxas spilled
+#: 76-176 bytes with them (nvcc 13.0, docs/kernel-log.md "Block scales"), so it has none.
+BLOCK_LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = tuple(
+    c for c in LARGE_M_CANDIDATES if CONFIGS[c[0]].block_scales)
 
 #: Swapped twins of the large-M candidates: config 14 = 7 and config 15 = 10 with A/B swapped (the
 #: weight's rows on wgmma's M side; scale_b[n] is then a per-thread row scale loaded at the tile start,
@@ -148,7 +155,8 @@ def _env_int(name: str, lo: int, hi: int, what: str) -> int | None:
     return value
 
 
-def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = False) -> KernelConfig:
+def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = False,
+                  block: bool = False) -> KernelConfig:
     """Pick a config for an ``[m, k] x [n, k]`` problem.
 
     Decode-like M (<= 32, and <= 64 when N has at least SWAP64_MIN_N_BLOCKS row blocks) puts N on
@@ -161,6 +169,10 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
     fastest of SWAPPED_LARGE_M_CANDIDATES is taken (the kernel's rows over the smaller dimension; with
     per-channel scale_b its epilogue loads no column vector), unless the non-swapped choice would
     split K (:func:`select_splits`; the swapped large-M configs have no split-K instances).
+
+    ``block``: fine-grained scales (1x128 activation groups, 128x128 weight blocks). The same choice
+    among the candidates with ``block_scales`` instances (BLOCK_LARGE_M_CANDIDATES: not config 10, and not
+    the swapped large-M configs, whose epilogue serves a per-tensor scale_a).
     """
     if m <= 0 or n <= 0 or k <= 0:
         raise ValueError(f"select_config: empty problem m={m}, n={n}, k={k}")
@@ -173,6 +185,8 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
         return CONFIGS[2]
     if m <= 64 and -(-n // BLOCK_M) >= SWAP64_MIN_N_BLOCKS:
         return CONFIGS[3]
+    if block:
+        return _fastest(BLOCK_LARGE_M_CANDIDATES, m, n, k, num_sms)
     best = _fastest(LARGE_M_CANDIDATES, m, n, k, num_sms)
     if swap_ok and n <= m and select_splits(best, m, n, k, num_sms) == 1:
         return _fastest(SWAPPED_LARGE_M_CANDIDATES, m, n, k, num_sms)

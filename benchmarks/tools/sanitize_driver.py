@@ -11,11 +11,49 @@ import sys
 import torch
 
 
+def block_sweep(kern, configs, cfgs, fmts, outs) -> tuple[int, int]:
+    """Block-scaled launches (scale_a [M, ceil(K/128)], scale_b [ceil(N/128), ceil(K/128)]) of every config in
+    ``cfgs`` that has them: ragged M / N / K (partial last group and block), several tiles per CTA for the
+    large-M configs, forced split K where the config splits. Returns (launches, wrong ones)."""
+    shapes = [(1, 72, 48, None), (7, 200, 1040, None), (129, 8, 1040, None), (64, 136, 272, None), (200, 264, 400, None)]
+    multi_tile = [(1100, 2000, 112, None), (1030, 2056, 384, None)]
+    runs = bad = 0
+    for cfg in cfgs:
+        c = configs.CONFIGS[cfg]
+        if not c.block_scales:
+            continue
+        cfg_shapes = shapes + (multi_tile if not c.swap_ab else []) + ([(70, 300, 2064, 5)] if c.split_k else [])
+        for i, (m, n, k, splits) in enumerate(cfg_shapes):
+            fa, fb = fmts[(cfg + i) % 4]
+            kb, nb = -(-k // 128), -(-n // 128)
+            a = (torch.randn(m, k, device="cuda") * 2).to(fa)
+            b = (torch.randn(n, k, device="cuda") * 2).to(fb)
+            sa = torch.rand(m, kb, device="cuda") + 0.5
+            sb = torch.rand(nb, kb, device="cuda") + 0.5
+            bias = [None, torch.randn(n, device="cuda").bfloat16()][i % 2]
+            od = outs[(cfg + i) % 3]
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=od)
+            kern.sm90_gemm_out(a, b, sa, sb, bias, out, cfg, splits=splits)
+            ka = torch.arange(k, device="cuda") // 128
+            a64 = a.double() * sa.double()[:, ka]
+            b64 = b.double() * sb.double()[torch.arange(n, device="cuda") // 128][:, ka]
+            ref = a64 @ b64.T + (bias.double() if bias is not None else 0)
+            o = out.double()
+            d = float(1 - 2 * (o * ref).sum() / (o * o + ref * ref).sum())
+            runs += 1
+            if not (bool(torch.isfinite(o).all()) and d < 1e-4):
+                bad += 1
+                print(f"BAD block cfg={cfg} M={m} N={n} K={k} {fa}/{fb} out={od} splits={splits} diff={d}")
+    return runs, bad
+
+
 def main() -> int:
     import argparse
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", default="", help="comma list of config ids (default: all)")
+    ap.add_argument("--block", action="store_true",
+                    help="only the block-scaled launches (1x128 x 128x128 scales) of the configs that have them")
     args = ap.parse_args()
     import fp8_linear.kernels as kern
     from fp8_linear.kernels import configs
@@ -33,6 +71,11 @@ def main() -> int:
     bad = 0
     runs = 0
     cfgs = [int(c) for c in args.configs.split(",") if c.strip()] or list(range(len(configs.CONFIGS)))
+    if args.block:
+        runs, bad = block_sweep(kern, configs, cfgs, fmts, outs)
+        torch.cuda.synchronize()
+        print(f"sanitize_driver --block: {runs} launches, {bad} wrong")
+        return 1 if bad else 0
     for cfg in cfgs:
         c = configs.CONFIGS[cfg]
         cfg_shapes = [(*s, None) for s in shapes]

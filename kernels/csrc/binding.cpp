@@ -56,7 +56,22 @@ int fmt_code(const at::Tensor& t, const char* name) {
   return -1;
 }
 
-// out = (a @ b.T) * scale_a * scale_b + bias, written into `out` ([M, N], contiguous).
+// 128 = the activation group width and the weight block height of fine-grained scales (fp8act::kGroupSize).
+constexpr int64_t kScaleBlock = fp8act::kGroupSize;
+
+// Fine-grained scales: scale_a 2-D [M, ceil(K/128)] (1 x 128 groups) with scale_b 2-D [ceil(N/128),
+// ceil(K/128)] (128 x 128 blocks). Where these shapes coincide with per-tensor / per-row ones (K <= 128
+// and N <= 128: [M, 1] and [1, 1]) both readings mean the same product; the per-row path takes those.
+bool is_block_scaled(const at::Tensor& scale_a, const at::Tensor& scale_b, int64_t M, int64_t N, int64_t K) {
+  const int64_t kbn = (K + kScaleBlock - 1) / kScaleBlock, nbn = (N + kScaleBlock - 1) / kScaleBlock;
+  if (scale_a.dim() != 2 || scale_b.dim() != 2) return false;
+  if (scale_a.size(0) != M || scale_a.size(1) != kbn || scale_b.size(0) != nbn || scale_b.size(1) != kbn) return false;
+  return !(kbn == 1 && nbn == 1);
+}
+
+// out = (a @ b.T) * scale_a * scale_b + bias, written into `out` ([M, N], contiguous); with fine-grained
+// scales (is_block_scaled) out[m, n] = sum over k-blocks kb of (a @ b.T restricted to kb) * scale_a[m, kb] *
+// scale_b[n / 128, kb], + bias.
 void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
               const c10::optional<at::Tensor>& bias, at::Tensor& out, int64_t config, int64_t flags,
               int64_t splits = 1) {
@@ -69,8 +84,15 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
   FP8_CHECK(scale_a.scalar_type() == at::kFloat && scale_b.scalar_type() == at::kFloat,
               "sm90_gemm: scales must be float32");
   FP8_CHECK(scale_a.is_contiguous() && scale_b.is_contiguous(), "sm90_gemm: scales must be contiguous");
-  FP8_CHECK(scale_a.numel() == 1 || scale_a.numel() == M, "sm90_gemm: scale_a must be [1] or [M, 1]");
-  FP8_CHECK(scale_b.numel() == 1 || scale_b.numel() == N, "sm90_gemm: scale_b must be [1] or [N, 1]");
+  const bool block = is_block_scaled(scale_a, scale_b, M, N, K);
+  FP8_CHECK(block || scale_a.numel() == 1 || scale_a.numel() == M,
+            "sm90_gemm: scale_a must be [1], [M, 1] or (with a block scale_b) [M, ceil(K/128)], got ",
+            dims_str(scale_a.sizes()));
+  FP8_CHECK(block || scale_b.numel() == 1 || scale_b.numel() == N,
+            "sm90_gemm: scale_b must be [1], [N, 1] or (with a group scale_a) [ceil(N/128), ceil(K/128)], got ",
+            dims_str(scale_b.sizes()));
+  FP8_CHECK(scale_a.device() == a.device() && scale_b.device() == a.device(), "sm90_gemm: scales must be on ",
+            dev_str(a), ", got ", dev_str(scale_a), " and ", dev_str(scale_b));
 
   fp8sm90::GemmArgs g{};
   g.a = a.data_ptr();
@@ -84,6 +106,7 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
   g.scale_a_row = (scale_a.numel() == M && M > 1) ? 1 : 0;
   g.scale_b = scale_b.data_ptr<float>();
   g.scale_b_row = (scale_b.numel() == N && N > 1) ? 1 : 0;
+  g.scale_block = block ? 1 : 0;
   g.bias = nullptr;
   g.bias_kind = 0;
   if (bias.has_value() && bias->defined()) {
@@ -187,14 +210,16 @@ std::tuple<at::Tensor, at::Tensor> act_quant(const at::Tensor& x, int64_t fp8, i
 }
 
 // FP8Linear forward in one host call: quantize x [..., K] (flattened to [M, K] as x.reshape(-1, K);
-// static per-tensor `input_scale`, or per-token when act_mode == 1) to weight's FP8 format, then
+// static per-tensor `input_scale`, per-token when act_mode == 1, 1x128 groups when act_mode == 2, which
+// goes with a block-scaled weight_scale [ceil(N/128), ceil(K/128)]) to weight's FP8 format, then
 // out [M, N] = (q @ weight.T) * scale_a * weight_scale + bias in x's dtype (the gemm_out call),
 // returned as [..., N].
 at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& input_scale,
                       const at::Tensor& weight_scale, const c10::optional<at::Tensor>& bias, int64_t act_mode,
                       int64_t config, double fmt_max, double min_scale, int64_t splits) {
-  FP8_CHECK(act_mode == fp8act::kStatic || act_mode == fp8act::kToken,
-              "linear_fwd: act_mode must be 0 (static) or 1 (per-token), got ", act_mode);
+  FP8_CHECK(act_mode == fp8act::kStatic || act_mode == fp8act::kToken || act_mode == fp8act::kGroup,
+              "linear_fwd: act_mode must be 0 (static), 1 (per-token) or 2 (1x128 groups, with a block-scaled "
+              "weight_scale [ceil(N/128), ceil(K/128)]), got ", act_mode);
   FP8_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1),
               "linear_fwd: x [..., K] and weight [N, K] expected, got ", dims_str(x.sizes()), " and ", dims_str(weight.sizes()));
   const c10::cuda::CUDAGuard guard(x.device());
@@ -206,8 +231,10 @@ at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::
   if (act_mode == fp8act::kStatic) {
     FP8_CHECK(input_scale.has_value() && input_scale->defined(), "linear_fwd: static act_mode needs input_scale");
     sa = *input_scale;
-  } else {
+  } else if (act_mode == fp8act::kToken) {
     sa = at::empty({M, 1}, x.options().dtype(at::kFloat));
+  } else {
+    sa = at::empty({M, (K + kScaleBlock - 1) / kScaleBlock}, x.options().dtype(at::kFloat));
   }
   act_quant_into(x2, q, sa, act_mode, fmt_max, min_scale);
   at::Tensor out = at::empty({M, N}, x.options());

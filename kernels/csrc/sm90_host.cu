@@ -2,6 +2,7 @@
 // swap for decode configs, and dispatch to the per-format kernel units.
 #include <cudaTypedefs.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -17,6 +18,27 @@ extern template const char* launch_fmt<1, 0>(const LaunchArgs&, cudaStream_t);
 extern template const char* launch_fmt<1, 1>(const LaunchArgs&, cudaStream_t);
 
 namespace {
+
+// The per-tensor scale of 1 that block-scaled launches give the epilogue (their scales are applied in
+// the main loop): a device constant, its address taken once per device.
+__device__ float g_one = 1.0f;
+
+const char* one_ptr(const float** p) {
+  static std::atomic<const float*> cache[64];
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return cudaGetErrorString(e);
+  const float* v = cache[dev & 63].load(std::memory_order_acquire);
+  if (v == nullptr) {
+    void* addr = nullptr;
+    e = cudaGetSymbolAddress(&addr, g_one);
+    if (e != cudaSuccess) return cudaGetErrorString(e);
+    v = static_cast<const float*>(addr);
+    cache[dev & 63].store(v, std::memory_order_release);
+  }
+  *p = v;
+  return nullptr;
+}
 
 // Tile raster group height (row-blocks per group, see tile_coords): kGroupM, or the environment
 // variable FP8_LINEAR_SM90_GROUP_M (1..4096; read at every launch, for raster experiments in
@@ -146,6 +168,20 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   la.ep.out_kind = g.out_kind;
   la.ep.M = g.M;
   la.ep.N = g.N;
+  la.blk = g.scale_block ? 1 : 0;
+  if (la.blk) {
+    if (!config_block_scales(g.config)) return "block scales are not supported by this config (only 1, 2, 3, 6, 7)";
+    const long kbn = (g.K + kBK - 1) / kBK;
+    if (static_cast<long>(g.M) * kbn >= (1L << 31) || static_cast<long>((g.N + kBK - 1) / kBK) * kbn >= (1L << 31))
+      return "block scales: M x ceil(K/128) and ceil(N/128) x ceil(K/128) must be below 2^31";
+    la.ep.blk_sa = g.scale_a;
+    la.ep.blk_sb = g.scale_b;
+    la.ep.blk_kb = static_cast<int>(kbn);
+    const float* one = nullptr;
+    if (const char* e = one_ptr(&one)) return e;
+    la.ep.sa = la.ep.sb = one;  // the epilogue's scales: 1 (the factors are in the main loop's sums)
+    la.ep.sa_row = la.ep.sb_row = 0;
+  }
   la.ep.group_m = raster_group_m();
   la.even_waves = even_waves();
   const int num_kb = (g.K + kBK - 1) / kBK;

@@ -43,6 +43,11 @@ struct GemmArgs {
   int scale_a_row;  // 0: [1], 1: [M, 1]
   const float* scale_b;
   int scale_b_row;  // 0: [1], 1: [N, 1]
+  // 1: fine-grained scales, scale_a [M, ceil(K/128)] (1 x 128 activation groups) and scale_b
+  // [ceil(N/128), ceil(K/128)] (128 x 128 weight blocks), fp32 row-major, applied at each k-block's
+  // promotion (sm90_blockscale.cuh); scale_a_row / scale_b_row are then ignored. Configs 1, 2, 3, 6 and 7
+  // only (their BLK kernel instances; kernels/configs.py block_scales).
+  int scale_block;
   const void* bias;  // nullptr or [N]
   int bias_kind;     // 0 none, 1 fp32, 2 bf16, 3 fp16
   void* out;         // [M, N], row-major

@@ -23,6 +23,7 @@
 // and the config table).
 #pragma once
 #include <cstdint>
+#include <type_traits>
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -141,7 +142,8 @@ __device__ __forceinline__ void consumer_carry(const uint8_t* sA, const uint8_t*
   wgmma_wait<0>();  // the dummy k-block (its stage is not released: the producer has finished)
 }
 
-template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL, bool CARRY = false, bool SPLIT = false>
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL, bool CARRY = false, bool SPLIT = false,
+          bool BLK = false>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const __grid_constant__ CUtensorMap tma_out, int rows_a, int rows_b, int K,
@@ -159,6 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = L.empty;
 
   static_assert(CL == 1 || (CL == 2 && !SWAP), "clusters only for the non-swapped config");
+  static_assert(!BLK || (CL == 1 && !CARRY), "block scales: single-CTA configs without the carried schedule");
   // CL == 2: a cluster of two CTAs takes a 256 x BN "pair tile": CTA r computes row-block 2p + r, and
   // each CTA loads half of the shared B tile, multicast into both CTAs' shared memory.
   const int num_m = (rows_a + kBM - 1) / kBM;
@@ -215,20 +218,30 @@ __global__ void __launch_bounds__(kThreads, 1)
       float fin[BN / 2];
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) fin[i] = 0.f;
+      // the k-blocks' promotion: plain, or with the fine-grained scales of this tile (BLK)
+      using Pro = std::conditional_t<BLK, BlkPromote<BN, SWAP, NACC>, PlainPromote<BN, NACC>>;
+      const Pro pro = [&]() {
+        if constexpr (BLK) return Pro{ep, BlkTile<BN, SWAP>(ep, row0, tile_row0, col_base, lane, kb0)};
+        else return Pro{};
+      }();
       if constexpr (DBL) {
         static_assert(NACC == 1, "DBL keeps one accumulator per k-block");
         mainloop_double<BN, CL, FA, FB, S, C::kStageA, C::kStageB>(
             fin, sA + cw * 64 * kBK, sB, full, empty, stage, phase, nkb, lane,
-            [&]() { epi_prefetch<BN, SWAP>(pf, ep, row0, col_base, tid); });
+            [&]() { epi_prefetch<BN, SWAP>(pf, ep, row0, col_base, tid); }, pro);
       } else {
         epi_prefetch<BN, SWAP>(pf, ep, row0, col_base, tid);
         float acc[NACC][BN / 2];
+        typename Pro::Factors cur, next;  // this k-block's factors, the next one's (loaded one ahead)
+        pro.load(next, 0);
         for (int kb = 0; kb < nkb; ++kb) {
+          cur = next;
           mbar_wait(&full[stage], phase);
           issue_kblock<BN, NACC, FA, FB>(acc, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
+          pro.load(next, min(kb + 1, nkb - 1));
           wgmma_wait<0>();
           release_stage<CL>(empty, stage, lane);
-          promote<BN, NACC>(fin, acc);  // FP32 promotion every 128 / NACC of K
+          pro.promote(fin, acc, cur);  // FP32 promotion every 128 / NACC of K
           if (++stage == S) {
             stage = 0;
             phase ^= 1;

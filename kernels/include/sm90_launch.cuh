@@ -20,22 +20,24 @@ struct LaunchArgs {
   int config;
   int num_sms;
   int even_waves;  // 1: the fewest CTAs for the same number of waves (sm90_host.cu, even_waves)
+  int blk;         // 1: fine-grained scales (ep.blk_sa / blk_sb): the BLK kernel instances
 };
 
 // The kernel of a config: OVL selects the cross-tile pipelined consumers (config 9), which exist only for
 // the non-swapped, single-CTA, two-accumulator case.
-template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL, bool OVL, bool CARRY, bool SPLIT>
+template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL, bool OVL, bool CARRY, bool SPLIT, bool BLK>
 constexpr auto kernel_of() {
   if constexpr (OVL) {
-    static_assert(!SWAP && NACC == 1 && CL == 1 && DBL && !CARRY, "OVL is config 7's layout with the pipeline across tiles");
+    static_assert(!SWAP && NACC == 1 && CL == 1 && DBL && !CARRY && !BLK,
+                  "OVL is config 7's layout with the pipeline across tiles");
     return &fp8_gemm_sm90_overlap_kernel<BN, FA, FB>;
   } else {
-    return &fp8_gemm_sm90_kernel<BN, SWAP, NACC, CL, FA, FB, DBL, CARRY, SPLIT>;
+    return &fp8_gemm_sm90_kernel<BN, SWAP, NACC, CL, FA, FB, DBL, CARRY, SPLIT, BLK>;
   }
 }
 
 template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL = false, bool OVL = false,
-          bool CARRY = false, bool SPLIT = false>
+          bool CARRY = false, bool SPLIT = false, bool BLK = false>
 const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
   using C = TileCfg<BN, SWAP>;
   if constexpr (OVL) {
@@ -48,7 +50,7 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
     // k-blocks per tile only; otherwise the base config's kernel (the same numbers, bit for bit).
     if (((la.K + kBK - 1) / kBK) % 2 != 0) return launch_one<BN, SWAP, NACC, CL, FA, FB, DBL, false, false>(la, stream);
   }
-  auto kernel = kernel_of<BN, SWAP, NACC, CL, FA, FB, DBL, OVL, CARRY, SPLIT>();
+  auto kernel = kernel_of<BN, SWAP, NACC, CL, FA, FB, DBL, OVL, CARRY, SPLIT, BLK>();
   // Once per instance and device (not on every launch: later calls, CUDA graph capture included, see
   // only the launch).
   static std::atomic<uint64_t> done_mask{0};
@@ -85,9 +87,10 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
     max_clusters[dev & 63].store(n, std::memory_order_relaxed);
     if (const char* v = getenv("FP8_LINEAR_SM90_VERBOSE"); v != nullptr && v[0] == '1') {
       fprintf(stderr,
-              "fp8_linear sm90: BN=%d swap=%d nacc=%d cluster=%d dbl=%d ovl=%d carry=%d stages=%d smem=%d: grid up "
-              "to %d clusters (occupancy query: %d)\n",
-              BN, int(SWAP), NACC, CL, int(DBL), int(OVL), int(CARRY), C::kStages, C::kSmem, n, active);
+              "fp8_linear sm90: BN=%d swap=%d nacc=%d cluster=%d dbl=%d ovl=%d carry=%d split=%d blk=%d stages=%d "
+              "smem=%d: grid up to %d clusters (occupancy query: %d)\n",
+              BN, int(SWAP), NACC, CL, int(DBL), int(OVL), int(CARRY), int(SPLIT), int(BLK), C::kStages, C::kSmem, n,
+              active);
     }
     done_mask.fetch_or(bit, std::memory_order_acq_rel);
   }
@@ -106,11 +109,33 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
+// The BLK instances (fine-grained scales): the configs that the selection can give a block-scaled
+// launch (kernels/configs.py KernelConfig.block_scales), with split K where the config splits. Not
+// config 10: its consumers at 240 registers have no room for the factors (nvcc 13.0: 76-176 bytes of
+// spills with them loaded early or late, docs/kernel-log.md "Block scales").
+template <int FA, int FB>
+const char* launch_blk(const LaunchArgs& la, cudaStream_t stream, bool split) {
+  constexpr bool B = true;  // BLK
+  switch (la.config) {
+    case 1: return split ? launch_one<16, true, 4, 1, FA, FB, false, false, false, true, B>(la, stream)
+                         : launch_one<16, true, 4, 1, FA, FB, false, false, false, false, B>(la, stream);
+    case 2: return split ? launch_one<32, true, 4, 1, FA, FB, false, false, false, true, B>(la, stream)
+                         : launch_one<32, true, 4, 1, FA, FB, false, false, false, false, B>(la, stream);
+    case 3: return split ? launch_one<64, true, 4, 1, FA, FB, false, false, false, true, B>(la, stream)
+                         : launch_one<64, true, 4, 1, FA, FB, false, false, false, false, B>(la, stream);
+    case 6: return launch_one<192, false, 1, 1, FA, FB, false, false, false, false, B>(la, stream);
+    case 7: return split ? launch_one<128, false, 1, 1, FA, FB, true, false, false, true, B>(la, stream)
+                         : launch_one<128, false, 1, 1, FA, FB, true, false, false, false, B>(la, stream);
+    default: return "block scales are not supported by this config (only 1, 2, 3, 6, 7)";
+  }
+}
+
 // Config table: see sm90_api.h / kernels/configs.py.
 template <int FA, int FB>
 const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
   // split K (ep.splits > 1; the host allows it only for config_splits_k): the SPLIT kernel instances
   const bool split = la.ep.splits > 1;
+  if (la.blk) return launch_blk<FA, FB>(la, stream, split);
   switch (la.config) {
     case 0: return launch_one<128, false, 1, 1, FA, FB>(la, stream);
     case 1: return split ? launch_one<16, true, 4, 1, FA, FB, false, false, false, true>(la, stream)
@@ -135,6 +160,11 @@ const char* launch_fmt(const LaunchArgs& la, cudaStream_t stream) {
     case 15: return launch_one<144, true, 1, 1, FA, FB, true>(la, stream);
     default: return "unknown kernel config";
   }
+}
+
+// Configs with BLK kernel instances (kernels/configs.py: KernelConfig.block_scales; launch_blk).
+inline bool config_block_scales(int config) {
+  return config == 1 || config == 2 || config == 3 || config == 6 || config == 7;
 }
 
 // Configs with split-K kernel instances (kernels/configs.py: KernelConfig.split_k).

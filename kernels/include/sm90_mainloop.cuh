@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "sm90_blockscale.cuh"
 #include "sm90_ptx.cuh"
 #include "sm90_tile.cuh"
 #include "sm90_wgmma.cuh"
@@ -57,6 +58,45 @@ __device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC]
   }
 }
 
+// How the consumer loops promote a k-block: PlainPromote adds the partial sums as they are (the
+// launch's per-tensor / per-row scales are applied in the epilogue); BlkPromote scales them by the
+// k-block's fine-grained factors (sm90_blockscale.cuh), which it loads one k-block ahead (`load`
+// right after the k-block's wgmmas are issued, `promote` after they retired).
+template <int BN, int NACC>
+struct PlainPromote {
+  struct Factors {};
+  __device__ __forceinline__ void load(Factors&, int) const {}
+  __device__ __forceinline__ void early(Factors&, int) const {}
+  __device__ __forceinline__ void promote_kb(float (&fin)[BN / 2], float (&acc)[NACC][BN / 2], const Factors&, int) const {
+    fp8sm90::promote<BN, NACC>(fin, acc);
+  }
+  __device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC][BN / 2], const Factors&) const {
+    fp8sm90::promote<BN, NACC>(fin, acc);
+  }
+};
+
+template <int BN, bool SWAP, int NACC>
+struct BlkPromote {
+  using Factors = BlkFactors<BN, SWAP>;
+  const EpiParams& ep;
+  BlkTile<BN, SWAP> tile;
+  // mainloop_double: load each k-block's factors right before its promotion (tiles wider than 128; no
+  // such tile has BLK instances today: config 10 at 240 registers spilled either way)
+  static constexpr bool kLate = BN > 128;
+  __device__ __forceinline__ void load(Factors& f, int kb) const { tile.load(f, ep, kb); }
+  __device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC][BN / 2], const Factors& f) const {
+    promote_blk<BN, SWAP, NACC>(fin, acc, f, tile);
+  }
+  __device__ __forceinline__ void early(Factors& f, int kb) const {
+    if constexpr (!kLate) load(f, kb);
+  }
+  // promote k-block kb (whose factors `f` were loaded early, or are loaded now)
+  __device__ __forceinline__ void promote_kb(float (&fin)[BN / 2], float (&acc)[NACC][BN / 2], Factors& f, int kb) const {
+    if constexpr (kLate) load(f, kb);
+    promote(fin, acc, f);
+  }
+};
+
 // DBL: two accumulators; k-block i+1's wgmmas are issued before k-block i is promoted
 // (wgmma.wait_group 1), so the tensor core always has this warpgroup's next k-block queued. The
 // roles of the two accumulators are fixed in each half of the loop body (no run-time indexing). The
@@ -64,11 +104,16 @@ __device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC]
 // ptxas no longer proves the pipeline and serializes every wgmma (C7514 + C7517, nvcc 13.0).
 // after_first() runs right after the first k-block's wgmmas are issued (the tile's epilogue prefetch:
 // its address arithmetic and loads then overlap the MMAs instead of delaying the first issue).
-template <int BN, int CL, int FA, int FB, int S, int kStageA, int kStageB, class AfterFirst>
+// pro: the promotion (PlainPromote or BlkPromote); f0 / f1 hold the factors of a0's / a1's k-block, each
+// loaded right after the other accumulator's promotion and used one wgmma wait later (early), or, for
+// tiles wider than 128 (kLate: the 128 x 144 tile at 240 registers spilled with the early loads), right
+// before its own promotion, while the other accumulator's k-block runs on the tensor cores.
+template <int BN, int CL, int FA, int FB, int S, int kStageA, int kStageB, class AfterFirst, class Pro>
 __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint8_t* sA, const uint8_t* sB,
                                                 uint64_t* full, uint64_t* empty, int& stage, uint32_t& phase,
-                                                int num_kb, int lane, AfterFirst&& after_first) {
+                                                int num_kb, int lane, AfterFirst&& after_first, const Pro& pro) {
   float a0[1][BN / 2], a1[1][BN / 2];
+  typename Pro::Factors f0, f1;
   auto advance = [&]() {
     if (++stage == S) {
       stage = 0;
@@ -77,6 +122,7 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
   };
   mbar_wait(&full[stage], phase);
   issue_kblock<BN, 1, FA, FB>(a0, sA + stage * kStageA, sB + stage * kStageB);
+  pro.early(f0, 0);
   after_first();  // work of the tile start that can run while the first k-block's MMAs do
   int prev = stage;
   advance();
@@ -84,27 +130,29 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
     if (kb == num_kb) {
       wgmma_wait<0>();
       release_stage<CL>(empty, prev, lane);
-      promote<BN, 1>(fin, a0);
+      pro.promote_kb(fin, a0, f0, kb - 1);
       break;
     }
     mbar_wait(&full[stage], phase);
     issue_kblock<BN, 1, FA, FB>(a1, sA + stage * kStageA, sB + stage * kStageB);
     wgmma_wait<1>();
     release_stage<CL>(empty, prev, lane);
-    promote<BN, 1>(fin, a0);
+    pro.promote_kb(fin, a0, f0, kb - 1);
+    pro.early(f1, kb);
     prev = stage;
     advance();
     if (++kb == num_kb) {
       wgmma_wait<0>();
       release_stage<CL>(empty, prev, lane);
-      promote<BN, 1>(fin, a1);
+      pro.promote_kb(fin, a1, f1, kb - 1);
       break;
     }
     mbar_wait(&full[stage], phase);
     issue_kblock<BN, 1, FA, FB>(a0, sA + stage * kStageA, sB + stage * kStageB);
     wgmma_wait<1>();
     release_stage<CL>(empty, prev, lane);
-    promote<BN, 1>(fin, a1);
+    pro.promote_kb(fin, a1, f1, kb - 1);
+    pro.early(f0, kb);
     prev = stage;
     advance();
   }

@@ -41,6 +41,12 @@ struct EpiParams {
   // num_n tiles per raster group, group_m, the last group's height (num_m % group_m, or group_m),
   // and splits. num_m counts pair-rows with clusters.
   FastDiv div_per_group, div_group, div_last, div_splits;
+  // Fine-grained scales (the BLK kernel instances, sm90_blockscale.cuh): scale_a [M, blk_kb] (1 x 128
+  // activation groups) and scale_b [ceil(N / 128), blk_kb] (128 x 128 weight blocks), fp32 row-major,
+  // applied at each k-block's promotion; sa / sb then point at a 1.0f. Unused (null) otherwise.
+  const float* blk_sa;
+  const float* blk_sb;
+  int blk_kb;  // ceil(K / 128): the scales' row length
 };
 
 // Columns of a BN-wide tile that go through the swizzled TMA-store staging buffer: whole 64-column

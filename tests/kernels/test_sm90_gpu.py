@@ -22,7 +22,9 @@ import torch
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
     pytest.skip("needs a CUDA device of compute capability 9.0", allow_module_level=True)
 
+import kernel_checks  # noqa: E402
 from helpers import KERNEL_FLOOR, calc_diff, rounding_bar  # noqa: E402
+from kernel_checks import check  # noqa: E402
 
 from fp8_linear.backends.sm90 import Sm90Backend, kernels_module  # noqa: E402
 
@@ -75,18 +77,7 @@ def reference(a, b, sa, sb, bias):
 
 
 def run_poisoned(a, b, sa, sb, bias, out_dtype, config=-1, direct_store=False, splits=None):
-    out = torch.full((a.shape[0], b.shape[0]), float("nan"), device=DEV, dtype=out_dtype)
-    kern.sm90_gemm_out(a, b, sa.reshape(-1), sb.reshape(-1), bias, out, config, direct_store, splits)
-    torch.cuda.synchronize()
-    return out
-
-
-def check(out, ref, out_dtype, what=""):
-    assert torch.isfinite(out).all(), f"{what}: non-finite (unwritten) outputs: {(~torch.isfinite(out)).sum().item()}"
-    d = calc_diff(out, ref)
-    bar = rounding_bar(ref, out_dtype, KERNEL_FLOOR)
-    assert d <= bar, f"{what}: calc_diff {d:.3e} > bar {bar:.3e}"
-    return d
+    return kernel_checks.run_poisoned(kern, a, b, sa, sb, bias, out_dtype, config, direct_store, splits)
 
 
 def _case(m, n, k, fa, fb, ska, skb, bias_dtype, out_dtype, config=-1, direct_store=False, splits=None):

@@ -1,0 +1,90 @@
+"""CPU tests of the block-scaled launches' logic: which scales read as fine-grained, which configs a
+block-scaled problem gets, and that the Python table and the C++ instances agree. Nothing is compiled."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+import torch
+
+import fp8_linear.kernels as kern
+from fp8_linear.kernels import configs, jit
+
+BLOCK_IDS = {c.id for c in configs.CONFIGS if c.block_scales}
+
+
+@pytest.mark.parametrize("m, n, k, sa_shape, sb_shape, want", [
+    (7, 200, 1040, (7, 9), (2, 9), True),        # ragged K and N: partial last group and block
+    (1, 4096, 4096, (1, 32), (32, 32), True),     # M = 1
+    (7, 300, 128, (7, 1), (3, 1), True),          # one k-block, three weight blocks
+    (7, 100, 128, (7, 1), (1, 1), False),         # [M, 1] x [1, 1]: the per-row reading, the same product
+    (7, 200, 1040, (7, 1), (200, 1), False),      # per-token x per-channel
+    (7, 200, 1040, (7, 9), (200, 1), False),      # group scale_a with a per-channel scale_b: not a pair
+    (7, 200, 1040, (7, 9), (2, 8), False),        # wrong block count along K
+    (7, 200, 1040, (63,), (2, 9), False),         # flattened scale_a
+])
+def test_is_block_scaled(m, n, k, sa_shape, sb_shape, want):
+    assert kern.is_block_scaled(torch.ones(sa_shape), torch.ones(sb_shape), m, n, k) is want
+
+
+SWEEP = list(itertools.product([1, 7, 16, 17, 33, 64, 65, 129, 512, 2048, 8192],
+                               [72, 200, 4104, 6144, 10240, 28672, 57344], [48, 1040, 4096, 16400]))
+
+
+def test_block_choice_has_block_instances(monkeypatch):
+    monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
+    for m, n, k in SWEEP:
+        cfg = configs.select_config(m, n, k, block=True)
+        assert cfg.block_scales, (m, n, k, cfg.id)
+        assert not (cfg.swap_ab and cfg.block_n >= 128), (m, n, k, cfg.id)
+
+
+def test_block_choice_is_the_per_tensor_model(monkeypatch):
+    """Where the per-tensor choice (without the swapped twins) has block instances, block scales get the
+    same config; elsewhere the cheapest of the block candidates by the same cost model."""
+    monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
+    for m, n, k in SWEEP:
+        plain = configs.select_config(m, n, k)
+        blk = configs.select_config(m, n, k, block=True)
+        if plain.block_scales:
+            assert blk.id == plain.id, (m, n, k)
+        else:
+            costs = {cid: configs.estimated_cost(configs.CONFIGS[cid], m, n, rel, 132, k, ov)
+                     for cid, rel, ov in configs.BLOCK_LARGE_M_CANDIDATES}
+            assert costs[blk.id] == min(costs.values()), (m, n, k, costs)
+
+
+def test_block_swap_ok_ignored():
+    """A per-tensor-looking call never sends block scales to the swapped large-M configs."""
+    cfg = configs.select_config(8192, 4096, 4096, swap_ok=True, block=True)
+    assert cfg.block_scales and not cfg.swap_ab
+
+
+def test_block_instances_match_the_header():
+    """configs.py's ``block_scales`` flags are the C++ side's config_block_scales and launch_blk's cases."""
+    src = (jit.INCLUDE_DIR / "sm90_launch.cuh").read_text()
+    fn = re.search(r"inline bool config_block_scales\(int config\) \{(.*?)\}", src, re.S).group(1)
+    assert {int(x) for x in re.findall(r"config == (\d+)", fn)} == BLOCK_IDS
+    blk = re.search(r"const char\* launch_blk\(.*?\n\}", src, re.S).group(0)
+    assert {int(x) for x in re.findall(r"case (\d+):", blk)} == BLOCK_IDS
+
+
+def test_block_split_configs_split():
+    """Decode shapes with long K still split K with block scales (the split instances exist for them)."""
+    m, n, k = 16, 4096, 14336
+    cfg = configs.select_config(m, n, k, block=True)
+    assert cfg.split_k and configs.select_splits(cfg, m, n, k) > 1
+
+
+def test_fake_impl_is_shape_only():
+    """The op's fake (torch.compile) gives [M, N] of the out dtype for block scales too, on meta tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        a = torch.empty(7, 1040, dtype=torch.float8_e4m3fn, device="cuda")
+        b = torch.empty(200, 1040, dtype=torch.float8_e4m3fn, device="cuda")
+        out = torch.ops.fp8_linear.sm90_gemm(a, b, torch.empty(7, 9, device="cuda"), torch.empty(2, 9, device="cuda"),
+                                             None, torch.float16, -1)
+        assert tuple(out.shape) == (7, 200) and out.dtype == torch.float16

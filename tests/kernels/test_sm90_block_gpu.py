@@ -1,0 +1,202 @@
+"""GPU tests of the sm90 kernel's fine-grained scales (1x128 activation groups x 128x128 weight blocks)
+against fp64 math on the dequantized inputs.
+
+Bars (docs/design.md section 7): calc_diff <= 1.05 x the error of rounding the exact result to the output
+dtype + 1e-8. Outputs are NaN-poisoned before every launch and must come back finite everywhere.
+The scales vary over four octaves between groups and blocks, so a factor applied to the wrong k-block,
+row or weight block shows far above the bars.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+
+import pytest
+import torch
+
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip("needs a CUDA device of compute capability 9.0", allow_module_level=True)
+
+import kernel_checks  # noqa: E402
+from helpers import KERNEL_FLOOR, calc_diff, expand64  # noqa: E402
+from kernel_checks import check  # noqa: E402
+
+import fp8_linear.kernels as kern  # noqa: E402
+from fp8_linear.kernels import configs  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
+FMTS = [(E4, E4), (E4, E5), (E5, E4), (E5, E5)]
+OUTS = [torch.bfloat16, torch.float16, torch.float32]
+DEV = "cuda"
+BLOCK_CFGS = [c.id for c in configs.CONFIGS if c.block_scales]
+BLOCK_SPLIT_CFGS = [c.id for c in configs.CONFIGS if c.block_scales and c.split_k]
+
+
+@pytest.fixture(autouse=True)
+def _seed_per_test(request):
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+def _fp8(rows, k, dtype):
+    x = torch.randn(rows, k, device=DEV) * 2.0
+    fmax = torch.finfo(dtype).max
+    return x.clamp(-fmax, fmax).to(dtype)
+
+
+def _scales(rows, cols):
+    """fp32 scales over four octaves (2^-2 .. 2^2)."""
+    return torch.exp2(torch.rand(rows, cols, device=DEV) * 4 - 2)
+
+
+def make_inputs(m, n, k, fa=E4, fb=E4, bias_dtype=None):
+    a, b = _fp8(m, k, fa), _fp8(n, k, fb)
+    kbn, nbn = -(-k // 128), -(-n // 128)
+    sa, sb = _scales(m, kbn), _scales(nbn, kbn)
+    bias = None if bias_dtype is None else (torch.randn(n, device=DEV) * 4).to(bias_dtype)
+    return a, b, sa, sb, bias
+
+
+def reference(a, b, sa, sb, bias):
+    a64 = a.double() * expand64(sa, tuple(a.shape), "group")
+    b64 = b.double() * expand64(sb, tuple(b.shape), "block")
+    ref = a64 @ b64.T
+    return ref if bias is None else ref + bias.double()
+
+
+def run_poisoned(a, b, sa, sb, bias, out_dtype, config=-1, direct_store=False, splits=None):
+    return kernel_checks.run_poisoned(kern, a, b, sa, sb, bias, out_dtype, config, direct_store, splits, flatten=False)
+
+
+def _case(m, n, k, fa=E4, fb=E4, bias_dtype=None, out_dtype=torch.bfloat16, config=-1, direct_store=False,
+          splits=None):
+    a, b, sa, sb, bias = make_inputs(m, n, k, fa, fb, bias_dtype)
+    out = run_poisoned(a, b, sa, sb, bias, out_dtype, config, direct_store, splits)
+    return check(out, reference(a, b, sa, sb, bias), out_dtype,
+                 f"M={m} N={n} K={k} {fa}/{fb} bias={bias_dtype} out={out_dtype} cfg={config} splits={splits}")
+
+
+def test_block_scales_flag():
+    assert kern.BLOCK_SCALES is True
+
+
+@pytest.mark.parametrize("fa, fb", FMTS, ids=["e4e4", "e4e5", "e5e4", "e5e5"])
+@pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16])
+@pytest.mark.parametrize("out_dtype", OUTS)
+def test_all_combinations(fa, fb, bias_dtype, out_dtype):
+    _case(129, 200, 1040, fa, fb, bias_dtype, out_dtype)
+
+
+#: Ragged shapes: partial last 1x128 group (K 48, 1040, 16400) and 128-row weight block (N 72, 200, 4104).
+AWK = list(itertools.product([1, 7, 129], [72, 200, 4104], [48, 1040, 16400]))
+
+
+@pytest.mark.parametrize("idx", range(len(AWK)))
+def test_awkward_shapes(idx):
+    m, n, k = AWK[idx]
+    fa, fb = FMTS[idx % 4]
+    bias_dtype = [None, torch.float32, torch.bfloat16, torch.float16][(idx // 3) % 4]
+    _case(m, n, k, fa, fb, bias_dtype, OUTS[idx % 3])
+
+
+@pytest.mark.parametrize("cfg", BLOCK_CFGS)
+@pytest.mark.parametrize("m, n, k", [(1, 72, 48), (7, 200, 1040), (64, 4104, 16), (129, 200, 1040), (300, 136, 4096),
+                                     (65, 101, 64), (1030, 2056, 1280)])
+@pytest.mark.parametrize("out_dtype", OUTS)
+def test_every_block_config(cfg, m, n, k, out_dtype):
+    fa, fb = FMTS[(cfg + m) % 4]
+    _case(m, n, k, fa, fb, torch.float32, out_dtype, config=cfg)
+
+
+@pytest.mark.parametrize("cfg", BLOCK_SPLIT_CFGS)
+@pytest.mark.parametrize("splits", [2, 5, 16])
+@pytest.mark.parametrize("m, n, k", [(1, 72, 4096), (64, 4104, 16400), (70, 300, 2064)])
+def test_block_split_k(cfg, splits, m, n, k):
+    """Each split applies the factors of its own k-blocks (absolute k-block index)."""
+    _case(m, n, k, E4, E4, torch.bfloat16, torch.bfloat16, config=cfg, splits=splits)
+
+
+@pytest.mark.parametrize("cfg", [c for c in BLOCK_CFGS if not configs.CONFIGS[c].swap_ab])
+@pytest.mark.parametrize("out_dtype", OUTS)
+def test_block_direct_store_bitwise_equals_tma_store(cfg, out_dtype):
+    """The block path's epilogue only adds the bias: the TMA-store and direct-store epilogues agree bit for bit."""
+    a, b, sa, sb, bias = make_inputs(300, 424, 1040, E4, E4, torch.bfloat16)
+    staged = run_poisoned(a, b, sa, sb, bias, out_dtype, cfg)
+    direct = run_poisoned(a, b, sa, sb, bias, out_dtype, cfg, direct_store=True)
+    assert torch.equal(staged, direct)
+    check(staged, reference(a, b, sa, sb, bias), out_dtype, f"cfg={cfg}")
+
+
+LLAMA_NK = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
+            (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)]
+LLAMA = [(m, n, k) for (n, k) in LLAMA_NK for m in (1, 16, 64, 128, 512, 2048)]
+
+
+@pytest.mark.parametrize("m, n, k", LLAMA)
+def test_llama_shapes(m, n, k):
+    i = LLAMA.index((m, n, k))
+    _case(m, n, k, E4, E4, torch.bfloat16 if i % 2 else None, OUTS[i % 3])
+
+
+@pytest.mark.parametrize("m, n, k", [(4096, 4104, 1040), (7, 4104, 16400), (64, 4096, 14336)])
+def test_bitwise_repeatable(m, n, k):
+    a, b, sa, sb, bias = make_inputs(m, n, k, E4, E4, torch.bfloat16)
+    first = run_poisoned(a, b, sa, sb, bias, torch.bfloat16)
+    for _ in range(20):
+        assert torch.equal(first, run_poisoned(a, b, sa, sb, bias, torch.bfloat16))
+
+
+def test_uniform_blocks_match_per_row_path():
+    """Group scales equal along K and block scales equal along K and N are per-row / per-tensor scales:
+    both paths agree within the bars (the factors then only move from the epilogue into the promotion)."""
+    m, n, k = 300, 1000, 2048
+    a, b = _fp8(m, k, E4), _fp8(n, k, E4)
+    row = _scales(m, 1)
+    sa = row.expand(m, k // 128).contiguous()
+    sb = torch.full((-(-n // 128), k // 128), 0.75, device=DEV)
+    blk = run_poisoned(a, b, sa, sb, None, torch.float32)
+    per_row = run_poisoned(a, b, row.reshape(-1), torch.full((1,), 0.75, device=DEV), None, torch.float32)
+    assert calc_diff(blk, per_row) <= 2 * KERNEL_FLOOR
+
+
+def test_op_fake_and_graph_capture():
+    """The registered op with block scales: shape-only fake (torch.compile, fullgraph) and CUDA graph replay."""
+    a, b, sa, sb, bias = make_inputs(48, 4104, 1040, E4, E4, torch.bfloat16)
+
+    @torch.compile(fullgraph=True)
+    def f(a, b, sa, sb, bias):
+        return torch.ops.fp8_linear.sm90_gemm(a, b, sa, sb, bias, torch.bfloat16, -1)
+
+    check(f(a, b, sa, sb, bias), reference(a, b, sa, sb, bias), torch.bfloat16, "compile")
+    kern.sm90_gemm(a, b, sa, sb, bias, torch.bfloat16)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(g):
+        out = kern.sm90_gemm(a, b, sa, sb, bias, torch.bfloat16)
+    torch.cuda.current_stream().wait_stream(s)
+    sa.copy_(_scales(*sa.shape))
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    check(out, reference(a, b, sa, sb, bias), torch.bfloat16, "graph replay with new scales")
+
+
+def test_bad_block_scale_shapes_raise():
+    a, b, sa, sb, _ = make_inputs(64, 300, 1040)
+    out = torch.empty(64, 300, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="scale_a must be"):
+        kern.sm90_gemm_out(a, b, sa[:, :-1].contiguous(), sb, None, out)
+    with pytest.raises(RuntimeError, match="scale_b must be"):
+        kern.sm90_gemm_out(a, b, sa, sb[:1].contiguous(), None, out)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        kern.sm90_gemm_out(a, b, sa.t().contiguous().t(), sb, None, out)
+
+
+@pytest.mark.parametrize("cfg", [c.id for c in configs.CONFIGS if not c.block_scales])
+def test_configs_without_block_instances_refuse(cfg):
+    a, b, sa, sb, _ = make_inputs(129, 300, 1040)
+    with pytest.raises(RuntimeError, match="block scales are not supported by this config"):
+        run_poisoned(a, b, sa, sb, None, torch.bfloat16, cfg, splits=1)
