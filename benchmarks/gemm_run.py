@@ -243,8 +243,9 @@ def measure_shape(plan, args, shape, forced: list) -> dict:
             na[name] = ts
     stat = STAT[plan.mode]
     us = {name: stat(ts) * US_PER_MS for name, ts in times.items() if isinstance(ts, list)}
-    row = {"layer": shape.layer, "M": m, "N": n, "K": k, "copies": copies, "config": U.chosen(m, n, k, torch.ones(1)),
-           "config_row": U.chosen(m, n, k, torch.ones(m)), "us": us, "rounds_ms": times, "na": na, "ratios": {}}
+    row = {"layer": shape.layer, "M": m, "N": n, "K": k, "copies": copies, "us": us, "rounds_ms": times, "na": na,
+           "ratios": {}, "config": U.chosen(m, n, k, torch.ones(1)), "config_row": U.chosen(m, n, k, torch.ones(m)),
+           "config_block": U.chosen(m, n, k, torch.ones(m), block=True)}
     for peer, mine in RATIOS:
         if us.get(peer) and us.get(mine):
             row["ratios"][ratio_name(peer, mine)] = us[peer] / us[mine]

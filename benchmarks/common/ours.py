@@ -33,11 +33,14 @@ def resolve_config(token: str):
     raise ValueError(f"--configs: unknown config {token!r}; expected one of {[config_label(c) for c in kern.CONFIGS]}")
 
 
-def chosen(m: int, n: int, k: int, scale_a: torch.Tensor, out_dtype: torch.dtype = OUT_DTYPE) -> str:
-    """What the kernel's own choice runs for this launch: the config and, where K is split, the factor."""
+def chosen(m: int, n: int, k: int, scale_a: torch.Tensor, out_dtype: torch.dtype = OUT_DTYPE,
+           block: bool = False) -> str:
+    """What the kernel's own choice runs for this launch (``block``: with 1x128 / 128x128 scales): the
+    config and, where K is split, the factor."""
     kern = kernels()
     try:
-        cfg = kern.select_config(m, n, k, swap_ok=kern.swap_ok(scale_a, out_dtype))
+        extra = {"block": True} if block else {}
+        cfg = kern.select_config(m, n, k, swap_ok=kern.swap_ok(scale_a, out_dtype) and not block, **extra)
         splits = kern.select_splits(cfg, m, n, k)
     except Exception as e:  # noqa: BLE001 - the table says so instead of stopping the run
         return f"? ({type(e).__name__})"
