@@ -58,7 +58,7 @@ LARGE_M_CONFIG = 7
 
 #: Large-M candidates: (config id, throughput per tile-FLOP relative to config 0 on full waves,
 #: per-tile overhead in k-block equivalents: the tile's prologue, pipeline drain and epilogue), as
-#: measured on an H200 (benchmarks/NOTES.md v8, v10, v11). select_config estimates each one's time as
+#: measured on an H200 (docs/kernel-log.md v8, v10, v11). select_config estimates each one's time as
 #: waves x tile width x (k-blocks + overhead) / throughput and takes the fastest, so a wider tile wins
 #: only where its coarser waves and costlier epilogue cost less than its per-FLOP gain. Config 10's
 #: pair (1.019 x config 7's throughput, 2.0 k-blocks like config 7) is the least-squares fit to the
@@ -69,7 +69,7 @@ LARGE_M_CONFIG = 7
 #: through a second TMA store): at 6144^2 x 1280 config 7 was level or faster in every measurement since v12:
 #: forced steady 7/10 1.008, 1.022, 0.999 (v12-v14), 1.020 and 1.042 (v18-v20), ncu
 #: 131.7 vs 135.2 kilocycles (v18-v20) and 83.71 vs 84.90 us (v16); docs/kernel-log.md. Over the 68
-#: shapes of benchmarks/gemm.py the change moves only that one (tests/kernels/test_sm90_logic.py).
+#: design shapes (benchmarks/common/shapes.py) the change moves only that one (tests/kernels/test_sm90_logic.py).
 CONFIG10_OVERHEAD_KB = 2.25
 LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
     (LARGE_M_CONFIG, 1.107, 2.0),  # docs/kernel-log.md v7
@@ -98,7 +98,7 @@ SWAPPED_LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = tuple(
 
 #: For 32 < M <= 64, the swapped 64-wide tile (config 3) only where N is large: with at most this many
 #: 128-row blocks of N the large-M path (config 7: a 128-row tile, half of it zero-filled by TMA) is
-#: faster. Measured (H200, docs/kernel-log.md "Split K", `benchmarks/splitk_bench.py --ms 32,64 --configs 3,7`,
+#: faster. Measured (H200, docs/kernel-log.md "Split K", `benchmarks.gemm_bench --mode splitk --ms 32,64 --configs 3,7`,
 #: M = 64, us per call, config 3 vs 7): N = 4096 x K 4096 20.2 vs 16.6, 6144 x 4096 20.8 vs 18.2,
 #: 4096 x 14336 49.1 vs 41.2, 8192 x 8192 33.8 vs 32.8 (within noise); config 3 ahead from N = 10240
 #: (35.9 vs 37.6, 57344 x 8192: 152.5 vs 171.6). Config 3 promotes its four accumulators every 32 of
@@ -112,7 +112,7 @@ ENV_SPLITS = "FP8_LINEAR_SM90_SPLITS"
 #: Split K only when the output tiles fill at most this fraction of the SMs...
 SPLIT_MAX_BUSY_FRACTION = 0.25
 #: ...and give every split at least this many 128-wide k-blocks. Both measured (H200, docs/kernel-log.md "Split K",
-#: benchmarks/splitk_bench.py on the Llama shapes with M = 1..256): a split pays only where each CTA
+#: `benchmarks.gemm_bench --mode splitk` on the Llama shapes with M = 1..256): a split pays only where each CTA
 #: keeps a long K range (4096 x 14336: 4 splits of 28 k-blocks, 1.14-1.59x faster); with 32-64
 #: k-blocks per tile, or half the SMs already busy, the partials' round trip and the second launch
 #: (1-6 us) cost more than the extra SMs give.

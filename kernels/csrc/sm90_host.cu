@@ -42,7 +42,7 @@ const char* one_ptr(const float** p) {
 
 // Tile raster group height (row-blocks per group, see tile_coords): kGroupM, or the environment
 // variable FP8_LINEAR_SM90_GROUP_M (1..4096; read at every launch, for raster experiments in
-// benchmarks: e.g. benchmarks/raster_bench.py). Any value gives the same results, bit for bit: only
+// benchmarks: e.g. python -m benchmarks.gemm_bench --mode raster). Any value gives the same results, bit for bit: only
 // the order in which the persistent CTAs take the tiles changes.
 int raster_group_m() {
   const char* v = getenv("FP8_LINEAR_SM90_GROUP_M");

@@ -46,7 +46,7 @@ namespace fp8sm90 {
 // Tile end: kb n-1 in flight in a1; the next tile's kb 0 goes into a0 (after the CTA's last tile: a
 // dummy re-read of kb n-1's stage, so that every path has the same wgmma groups in flight), wait_group
 // 1, promote a1, then the epilogue runs with that k-block in flight. What ptxas (nvcc 13.0) needs to
-// keep the wgmmas pipelined here (found by compiling variants, NOTES.md v13): the accumulators' first
+// keep the wgmmas pipelined here (found by compiling variants, docs/kernel-log.md v13): the accumulators' first
 // k32 step write-only (issue_kblock_fresh), and an exit at the loop head that drains with wait_group 0
 // (never taken for even n; without it every wgmma is serialized, C7514).
 // One 128-wide k-block into an accumulator whose old value is dead: the first k32 step with scale-d =
@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // OVL (config 9): config 7's two accumulators per consumer warpgroup, with the k-block pipeline carried
 // across tile boundaries (consumer_stream). Config 7 drains its pipeline at the end of every tile
 // (wait_group 0) and then runs the epilogue with no MMA of its own queued: measured as about 2
-// k-blocks of tensor-core time per tile (NOTES.md v8). Here the next tile's first k-block is issued
+// k-blocks of tensor-core time per tile (docs/kernel-log.md v8). Here the next tile's first k-block is issued
 // before the finished tile's last one is retired, its second right after, and the epilogue (scales,
 // bias, cast, stmatrix staging, TMA store; all on `fin`, which no wgmma touches) runs while they execute.
 //

@@ -101,7 +101,7 @@ __device__ __forceinline__ void cluster_sync() {
 // Arrive on the mbarrier at the same shared-memory offset in CTA `cta` of this cluster (`cta` may be
 // this CTA). Default semantics (release at CTA scope), as CUTLASS's ClusterBarrier::arrive: an explicit
 // `.release.cluster` compiles to MEMBAR.ALL.GPU before every arrival, which cost config 5 (2-CTA
-// clusters) more than half its speed (run A ncu: 2.33 ms vs 1.03 ms; NOTES.md v6). What the arrival
+// clusters) more than half its speed (ncu: 2.33 ms vs 1.03 ms; docs/kernel-log.md v6). What the arrival
 // publishes is only "this warp's wgmmas have finished reading the stage" (wgmma.wait_group retired
 // them), which needs no ordering of generic-proxy memory operations at cluster scope.
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {

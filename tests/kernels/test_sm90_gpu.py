@@ -45,7 +45,7 @@ DEV = "cuda"
 def _seed_per_test(request):
     """Inputs drawn from a seed of the test's own id, so that a failure reproduces alone and does not
     move when tests are added (the bars of small outputs, e.g. 72 elements, sit close to the tensor
-    core's own accumulation error in unlucky draws: NOTES.md v12)."""
+    core's own accumulation error in unlucky draws: docs/kernel-log.md v12)."""
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
