@@ -6,13 +6,15 @@
     python -m benchmarks.gemm_bench --mode decode              # 10 served models' layers at M = 1 .. 1024
     python -m benchmarks.gemm_bench --mode splitk --ms 1,16,64,128 --splits 2,4,8
     python -m benchmarks.gemm_bench --mode raster --configs 7,10 --groups 8,16,32,64
+    python -m benchmarks.gemm_bench --mode block               # block scales: 8 Llama layers x M 1 .. 8192
 
 Run from the repository root (``benchmarks`` is a plain package). Modes differ in shape set and timing
 (``benchmarks/common/timing.py``): ``burst`` interleaved ``do_bench`` rounds; ``steady`` each candidate
 alone for ``--burn`` s first (the H200 holds large FP8 GEMMs at its power cap); ``decode`` CUDA graphs
 over operand copies that together span ``--rotate-mb`` (no weight served from L2); ``splitk`` the
 eight Llama-3 layers at ``--ms`` with forced split factors; ``raster`` forced configs under tile-raster
-group heights.
+group heights; ``block`` the block-scaled columns on the eight Llama-3 layers at ``--ms``, in CUDA graphs
+below M = 2048 and in steady state from there.
 
 Columns (``--columns``; times in us per call, bf16 output everywhere):
   ours          our kernel, per-tensor scales, its own config choice (the ``config`` column)
@@ -41,7 +43,7 @@ from dataclasses import dataclass, field
 from benchmarks.common import shapes as S
 from benchmarks.common.timing import parse_env_sweep
 
-MODES = ("burst", "steady", "decode", "splitk", "raster")
+MODES = ("burst", "steady", "decode", "splitk", "raster", "block")
 COLUMNS = ("ours", "ours_ch", "ours_row", "ours_block", "cublas_t", "cublas_row", "cublas_block", "bf16")
 DEFAULT_COLUMNS = {
     "burst": COLUMNS,
@@ -49,17 +51,20 @@ DEFAULT_COLUMNS = {
     "decode": ("ours", "ours_row", "ours_block", "cublas_t", "cublas_row", "cublas_block", "bf16"),
     "splitk": ("ours", "cublas_t"),
     "raster": ("cublas_t",),
+    "block": ("ours_block", "cublas_block", "ours", "bf16"),
 }
-DEFAULT_SET = {"burst": "design", "steady": "judged", "decode": "decode"}
+DEFAULT_SET = {"burst": "design", "steady": "judged", "decode": "decode", "splitk": "design", "block": "design"}
 #: (peer, ours) pairs whose time ratio is printed and summarized.
-RATIOS = (("cublas_t", "ours"), ("cublas_row", "ours_row"), ("cublas_block", "ours_block"), ("bf16", "ours"))
+RATIOS = (("cublas_t", "ours"), ("cublas_row", "ours_row"), ("cublas_block", "ours_block"), ("bf16", "ours"),
+          ("ours", "ours_block"))
 #: Per-mode timing defaults: rounds, do_bench rep (ms), burn-in (s) before each candidate.
 TIMING = {"burst": (3, 40, 0.0), "steady": (2, 400, 0.5), "decode": (3, 0, 0.0),
-          "splitk": (2, 50, 0.1), "raster": (2, 200, 0.3)}
+          "splitk": (2, 50, 0.1), "raster": (2, 200, 0.3), "block": (2, 150, 0.4)}
 RASTER_SHAPES = ("8192x6144x4096,8192x4096x4096,4096x28672x4096,8192x28672x4096,8192x10240x8192,"
                  "8192x8192x8192,6144x6144x1280,2048x6144x4096")
-#: M values of the splitk mode unless --ms says otherwise.
+#: M values of the splitk and block modes unless --ms says otherwise.
 SPLITK_MS = "1,16,64,128,256"
+BLOCK_MS = "1,16,64,128,512,2048,8192"
 #: The decode mode's operand copies span at least this much: several times the L2 (the JSON records its size).
 ROTATE_MB = 256
 
@@ -118,8 +123,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
     mode = args.mode
     if args.shapes:
         shapes = S.parse_shapes(args.shapes)
-    elif mode == "splitk":
-        shapes = S.small_m_set(tuple(S.parse_ints(args.ms or SPLITK_MS, "--ms")) or (1,))
+    elif mode in ("splitk", "block") and not args.set:
+        default = SPLITK_MS if mode == "splitk" else BLOCK_MS
+        shapes = S.small_m_set(tuple(S.parse_ints(args.ms or default, "--ms")) or (1,))
     elif mode == "decode" and (args.ms or args.models) and (args.set in (None, "decode")):
         models = tuple(m.strip() for m in args.models.split(",") if m.strip()) or None
         shapes = S.decode_set(tuple(S.parse_ints(args.ms, "--ms")) or S.DECODE_MS, models)
@@ -127,7 +133,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         shapes = S.parse_shapes(RASTER_SHAPES)[: 2 if args.quick else None]
     else:
         shapes = S.named_set(args.set or DEFAULT_SET[mode], quick=args.quick)
-    if mode == "splitk" and args.quick:
+    if mode in ("splitk", "block") and args.quick:
         shapes = [s for s in shapes if s.layer in ("8B o", "8B down", "70B o")]
     columns = [c.strip() for c in args.columns.split(",") if c.strip()] or list(DEFAULT_COLUMNS[mode])
     unknown = [c for c in columns if c not in COLUMNS]

@@ -214,8 +214,13 @@ def probe(calls: dict, na: dict) -> dict:
     return outs
 
 
-def time_candidates(plan, args, calls: dict) -> dict:
-    if plan.mode == "decode":
+def in_graphs(plan, m: int) -> bool:
+    """Whether a shape of ``plan`` is timed in CUDA graphs over rotated operand copies."""
+    return plan.mode == "decode" or (plan.mode == "block" and m < LARGE_M)
+
+
+def time_candidates(plan, args, calls: dict, m: int) -> dict:
+    if in_graphs(plan, m):
         return T.time_graph(calls, rounds=args.rounds)
     fns = {name: c[0] for name, c in calls.items()}
     if plan.mode == "burst":
@@ -225,7 +230,8 @@ def time_candidates(plan, args, calls: dict) -> dict:
 
 
 #: Statistic over rounds per mode: the median for interleaved short timings, the best for steady state.
-STAT = {"burst": T.median, "decode": T.median, "steady": T.best, "splitk": T.best, "raster": T.best}
+STAT = {"burst": T.median, "decode": T.median, "steady": T.best, "splitk": T.best, "raster": T.best,
+        "block": T.median}
 
 
 def measure_shape(plan, args, shape, forced: list) -> dict:
@@ -233,11 +239,11 @@ def measure_shape(plan, args, shape, forced: list) -> dict:
 
     m, n, k = shape.mnk
     copies = 1
-    if plan.mode == "decode":
+    if in_graphs(plan, m):
         copies = O.rotation_copies(gemm_bytes(m, n, k, out_bytes=0), args.rotate_mb * 2**20)
     calls, na = candidates(plan, shape, copies, forced)
     outs = probe(calls, na)
-    times = time_candidates(plan, args, calls)
+    times = time_candidates(plan, args, calls, m)
     for name, ts in times.items():
         if isinstance(ts, str):
             na[name] = ts

@@ -31,6 +31,14 @@ def test_each_mode_has_its_set_columns_and_timing():
     assert (args.rounds, args.rep, args.burn) == (4, 400, 0.5)
 
 
+def test_block_mode_times_small_m_in_graphs_and_large_m_steady():
+    p = plan_of("--mode", "block")
+    assert p.columns == ["ours_block", "cublas_block", "ours", "bf16"] and len(p.shapes) == 56
+    assert [R.in_graphs(p, m) for m in (1, 512, 2048, 8192)] == [True, True, False, False]
+    assert not R.in_graphs(plan_of("--mode", "steady"), 1) and R.in_graphs(plan_of("--mode", "decode"), 4096)
+    assert ("ours", "ours_block") in G.RATIOS  # the block path's cost against our per-tensor path
+
+
 def test_decode_plan_splits_by_model_and_m():
     p = plan_of("--mode", "decode", "--models", "Qwen2.5-0.5B,Gemma-2-9B", "--ms", "1,1024")
     assert len(p.shapes) == 16 and {s.m for s in p.shapes} == {1, 1024}
