@@ -43,3 +43,15 @@ def text_file(tmp_path_factory):
     p = tmp_path_factory.mktemp("data") / "text.txt"
     p.write_text("\n\n".join(paras))
     return p
+
+
+@pytest.fixture(scope="session")
+def tiny_fp8_checkpoint(tiny_llama_dir, text_file, tmp_path_factory):
+    """``tiny_llama_dir`` quantized with fp8-channel by ``fp8-linear quantize`` (with its tokenizer)."""
+    from fp8_linear.cli import EXIT_OK, main
+
+    out = tmp_path_factory.mktemp("ckpt") / "tiny-fp8"
+    rc = main(["quantize", "--model", str(tiny_llama_dir), "--scheme", "fp8-channel", "--calib", str(text_file),
+               "--samples", "8", "--seq-len", "32", "-o", str(out), "-q"])
+    assert rc == EXIT_OK
+    return out

@@ -13,13 +13,9 @@ import torch
 from fp8_linear.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, inspect_checkpoint, main
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tiny_llama_dir, text_file, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ckpt") / "tiny-fp8"
-    rc = main(["quantize", "--model", str(tiny_llama_dir), "--scheme", "fp8-channel", "--calib", str(text_file),
-               "--samples", "8", "--seq-len", "32", "-o", str(out), "-q"])
-    assert rc == EXIT_OK
-    return out
+@pytest.fixture
+def checkpoint(tiny_fp8_checkpoint):
+    return tiny_fp8_checkpoint
 
 
 def test_quantize_writes_a_compressed_tensors_checkpoint(checkpoint):

@@ -7,7 +7,7 @@ import os
 
 import torch
 
-import fp8_linear.cli as cli
+import fp8_linear.cli.threads as cli
 
 
 def test_requested_threads_win():
