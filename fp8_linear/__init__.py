@@ -9,6 +9,8 @@ Public API (docs/design.md section 3)::
     quantize_model(model, calib_data, scheme="fp8-channel", ...)
     save_quantized(model, path, tokenizer=None) / load_quantized(path, device_map=None, dtype=torch.bfloat16)
     compare_schemes(model, eval_data, schemes=(...), calib_data=...)
+    FP8LinearConfig(scheme="fp8-dynamic", ignore=("lm_head",), fmt="e4m3", backend=None)
+        # transformers: from_pretrained(path, quantization_config=FP8LinearConfig(...)) quantizes on load
 """
 
 from __future__ import annotations
@@ -26,8 +28,12 @@ from .gemm import fp8_gemm
 from .module import FP8Linear
 from .quantize import dequantize_fp8, quantize_fp8
 from .scheme import PRESETS, QuantScheme, resolve_scheme
+from .integrations import install as _install_integrations
 
 __version__ = "0.1.0"
+
+# quant_method "fp8_linear" in transformers' registry, without importing transformers now.
+_install_integrations()
 
 
 def __getattr__(name):
@@ -40,6 +46,10 @@ def __getattr__(name):
         from . import checkpoint
 
         return getattr(checkpoint, name)
+    if name == "FP8LinearConfig":
+        from .integrations.transformers_config import FP8LinearConfig
+
+        return FP8LinearConfig
     raise AttributeError(f"module 'fp8_linear' has no attribute {name!r}")
 
 
@@ -47,4 +57,5 @@ __all__ = [
     "BackendUnavailableError", "CalibrationError", "CheckpointError", "FP8LinearError", "ScaleError", "ShapeError",
     "FORMATS", "fmt_max", "fp8_gemm", "FP8Linear", "dequantize_fp8", "quantize_fp8", "PRESETS", "QuantScheme",
     "resolve_scheme", "quantize_model", "compare_schemes", "save_quantized", "load_quantized",
+    "FP8LinearConfig",
 ]
