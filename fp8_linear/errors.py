@@ -30,3 +30,7 @@ class CheckpointError(FP8LinearError, ValueError):
 
 class CalibrationError(FP8LinearError, ValueError):
     """Calibration data is empty, all padding, or produced NaN/inf activations (the layer is named)."""
+
+
+class DeviceError(FP8LinearError, ValueError):
+    """A device argument names a device that torch does not know or this machine does not have."""

@@ -16,12 +16,13 @@ the namespaced key :data:`EXTRAS_KEY`, which compressed-tensors ignores.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
 from ..errors import CheckpointError
 from ..formats import GROUP_SIZE
 from ..scheme import PRESETS, QuantScheme
-from .plan import QuantPlan
+from .fields import fail, is_int
+from .plan import QuantPlan, check_patterns
 
 CT_METHOD = "compressed-tensors"
 CT_FORMAT = "float-quantized"
@@ -71,16 +72,24 @@ def build_ct_config(groups: list[tuple[list[str], QuantScheme]], ignore: list[st
 
 
 def _fail(where: str, expected: str, got) -> CheckpointError:
-    return CheckpointError(f"config.json quantization_config.{where}: expected {expected}, got {got!r}")
+    return fail(f"config.json quantization_config.{where}", expected, got)
 
 
 def _check_fp8_args(args, where: str) -> dict:
     if not isinstance(args, dict):
         raise _fail(where, "a dict of quantization args", args)
-    if args.get("type") != "float" or args.get("num_bits") != FP8_BITS:
-        raise _fail(f"{where}.type/num_bits", "float / 8 (FP8)", f"{args.get('type')} / {args.get('num_bits')}")
+    kind, bits = args.get("type"), args.get("num_bits")
+    if kind != "float" or not is_int(bits) or bits != FP8_BITS:
+        raise _fail(f"{where}.type/num_bits", "float / 8 (FP8)", f"{kind!r:.40} / {bits!r:.40}")
     if args.get("symmetric", True) is not True:
         raise _fail(f"{where}.symmetric", "true", args.get("symmetric"))
+    for key in ("strategy",):
+        if not isinstance(args.get(key), (str, type(None))):
+            raise _fail(f"{where}.{key}", "a string", args.get(key))
+    if not isinstance(args.get("dynamic", False), (bool, type(None))) and args.get("dynamic") != "local":
+        raise _fail(f"{where}.dynamic", "true or false", args.get("dynamic"))
+    if args.get("group_size") is not None and not is_int(args.get("group_size")):
+        raise _fail(f"{where}.group_size", "an integer or null", args.get("group_size"))
     return args
 
 
@@ -93,7 +102,7 @@ def group_to_scheme(name: str, group: dict) -> QuantScheme:
         raise _fail(f"{where}.weights.dynamic", "false", w.get("dynamic"))
     if wstrat not in ("tensor", "channel", "block"):
         raise _fail(f"{where}.weights.strategy", "tensor, channel or block", wstrat)
-    if wstrat == "block" and list(w.get("block_structure") or []) != BLOCK_STRUCTURE:
+    if wstrat == "block" and w.get("block_structure") != BLOCK_STRUCTURE:
         raise _fail(f"{where}.weights.block_structure", str(BLOCK_STRUCTURE), w.get("block_structure"))
     a = group.get("input_activations")
     if a is None:
@@ -115,16 +124,28 @@ def _same_numerics(a: QuantScheme, b: QuantScheme) -> bool:
     return all(getattr(a, k) == getattr(b, k) for k in keys)
 
 
-def _named(scheme: QuantScheme, extras: dict | None, name: str) -> QuantScheme:
+#: Fields of our extras' scheme entries and their JSON types.
+_EXTRAS_FIELDS = {f.name: (bool if f.name == "activation_dynamic" else str) for f in fields(QuantScheme)}
+
+
+def _named(scheme: QuantScheme, extras, name: str) -> QuantScheme:
     """Our exact scheme from the extras when present and consistent, else a preset twin, else ``scheme``."""
+    where = f"{EXTRAS_KEY}.schemes.{name}"
     if extras is not None:
+        if not isinstance(extras, dict):
+            raise _fail(where, "an object of QuantScheme fields", extras)
+        for key, value in extras.items():
+            if key not in _EXTRAS_FIELDS or not isinstance(value, _EXTRAS_FIELDS[key]):
+                want = _EXTRAS_FIELDS.get(key)
+                raise _fail(f"{where}.{key}", f"a {want.__name__} field of QuantScheme" if want else
+                            f"one of the QuantScheme fields {sorted(_EXTRAS_FIELDS)}", value if want else key)
         try:
             ours = QuantScheme(**extras)
         except (TypeError, ValueError) as e:
-            raise CheckpointError(f"config.json quantization_config.{EXTRAS_KEY}.schemes.{name}: {e}") from e
+            raise CheckpointError(f"config.json quantization_config.{where}: {e}") from e
         if not _same_numerics(ours, scheme):
             raise CheckpointError(
-                f"config.json quantization_config.{EXTRAS_KEY}.schemes.{name}: expected the granularities of "
+                f"config.json quantization_config.{where}: expected the granularities of "
                 f"config_groups.{name} ({scheme.weight_granularity}/{scheme.activation_granularity}, "
                 f"dynamic={scheme.activation_dynamic}), got {ours}")
         return ours
@@ -135,24 +156,31 @@ def _named(scheme: QuantScheme, extras: dict | None, name: str) -> QuantScheme:
 
 
 def plan_from_ct(qc: dict) -> QuantPlan:
-    """:class:`QuantPlan` of a compressed-tensors ``quantization_config`` (ours or llm-compressor's)."""
-    fmt = qc.get("format")
+    """:class:`QuantPlan` of a compressed-tensors ``quantization_config`` (ours or llm-compressor's);
+    every field read is type-checked (:class:`CheckpointError` naming it)."""
     groups = qc.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         raise _fail("config_groups", "a non-empty dict", groups)
-    formats = {fmt} | {g.get("format") for g in groups.values() if isinstance(g, dict) and g.get("format")}
-    if formats - {CT_FORMAT, None}:
-        raise _fail("format", f"{CT_FORMAT!r} (FP8 weights)", sorted(f for f in formats if f))
+    fmts = [("format", qc.get("format"))] + [(f"config_groups.{n}.format", g.get("format"))
+                                             for n, g in groups.items() if isinstance(g, dict)]
+    for where, fmt in fmts:
+        if fmt is not None and fmt != CT_FORMAT:
+            raise _fail(where if where != "format" else "format", f"{CT_FORMAT!r} (FP8 weights)", fmt)
     status = qc.get("quantization_status", CT_STATUS)
     if status != CT_STATUS:
         raise _fail("quantization_status", repr(CT_STATUS), status)
     if qc.get("kv_cache_scheme"):
         raise _fail("kv_cache_scheme", "null (FP8 KV-cache scales are not supported)", qc.get("kv_cache_scheme"))
-    extras = (qc.get(EXTRAS_KEY) or {}).get("schemes", {})
+    ours = qc.get(EXTRAS_KEY) or {}
+    if not isinstance(ours, dict) or not isinstance(ours.get("schemes", {}), dict):
+        raise _fail(EXTRAS_KEY, "an object with a 'schemes' object", ours)
+    extras = ours.get("schemes", {})
     plan_groups = []
     for name, group in groups.items():
         if not isinstance(group, dict) or not group.get("targets"):
             raise _fail(f"config_groups.{name}.targets", "a non-empty list", None if not isinstance(group, dict) else group.get("targets"))
+        targets = check_patterns(group["targets"], "ct", f"config.json quantization_config.config_groups.{name}.targets")
         scheme = _named(group_to_scheme(name, group), extras.get(name), name)
-        plan_groups.append((list(group["targets"]), scheme))
-    return QuantPlan(CT_METHOD, plan_groups, list(qc.get("ignore") or []), "ct", zero_points=CT_ZERO_POINTS)
+        plan_groups.append((targets, scheme))
+    ignore = check_patterns(qc.get("ignore"), "ct", "config.json quantization_config.ignore")
+    return QuantPlan(CT_METHOD, plan_groups, ignore, "ct", zero_points=CT_ZERO_POINTS)

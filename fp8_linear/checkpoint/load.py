@@ -19,11 +19,14 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, FP8LinearError
-from ..formats import FORMATS, SCALE_DTYPE
+from ..formats import FORMATS, SCALE_DTYPE, fmt_max
 from ..module import FP8Linear
+from .devices import Placement, resolve_device_map
+from .folder import CheckpointFolder
+from .model_config import CONFIG_FILE, build_config, build_empty_model
 from .plan import QuantPlan
-from .readers import CONFIG_FILE, read_plan
-from .save import INCOMPLETE_MARKER
+from .readers import read_plan
+from .save import INCOMPLETE_MARKER, interrupted_save_hint
 from .shards import TensorInfo, list_tensors
 
 log = logging.getLogger(__name__)
@@ -36,37 +39,11 @@ ST_DTYPE_OF = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
 }
-
-
-def _build_empty_model(folder: str, dtype: torch.dtype | None) -> nn.Module:
-    """The model of ``folder/config.json`` with parameters on the meta device (buffers real)."""
-    import transformers
-    from accelerate import init_empty_weights
-
-    try:
-        config = transformers.AutoConfig.from_pretrained(folder)
-    except (OSError, ValueError, KeyError) as e:
-        raise CheckpointError(f"{os.path.join(folder, CONFIG_FILE)}: transformers cannot read it ({e})") from e
-    qc = getattr(config, "quantization_config", None)
-    if qc is not None:
-        delattr(config, "quantization_config")  # build the plain model; we do the quantized modules ourselves
-    arch = (getattr(config, "architectures", None) or [None])[0]
-    cls = getattr(transformers, arch, None) if arch else None
-    if cls is None:  # no (known) architecture recorded: a causal LM when the model type has one
-        causal = type(config) in transformers.AutoModelForCausalLM._model_mapping
-        cls = transformers.AutoModelForCausalLM if causal else transformers.AutoModel
-        build = cls.from_config
-    else:
-        build = cls._from_config
-    kw = {"dtype": dtype} if dtype is not None else {}
-    with init_empty_weights():
-        model = build(config, **kw)
-    if qc is not None:
-        model.config.quantization_config = qc
-    tie = getattr(model, "tie_weights", None)
-    if callable(tie):
-        tie()  # transformers skips tying on meta; tied names then share one parameter (alias groups)
-    return model.eval()
+SCALE_NAMES = ("weight_scale", "input_scale")
+#: Bit patterns of FP8 bytes that are not finite numbers (sign bit cleared): e4m3fn has NaN only
+#: (S.1111.111), e5m2 has inf (S.11111.00) and NaN (S.11111.01-11).
+FP8_EXP_MASK = 0x7F
+FP8_NONFINITE_FROM = {"e4m3": 0x7F, "e5m2": 0x7C}
 
 
 def _swap_linears(model: nn.Module, plan: QuantPlan, dtype: torch.dtype | None) -> dict[str, FP8Linear]:
@@ -240,32 +217,59 @@ def _read(f, key: str, info: TensorInfo, dtype: torch.dtype | None) -> torch.Ten
     return t
 
 
-def _materialize(model, swapped, stored, reads, zero_checks, dtype, device) -> None:
+def check_scale(owner: str, pname: str, t: torch.Tensor, info: TensorInfo, fmt: str) -> None:
+    """Refuse a stored scale (in its stored dtype) that is not finite and positive, or that fp32 cannot
+    hold as a normal number with ``fmt_max * scale`` finite (a float64 1e-50 would become 0)."""
+    lo, hi = torch.finfo(SCALE_DTYPE).tiny, torch.finfo(SCALE_DTYPE).max / fmt_max(fmt)
+    v = t.to(torch.float64).flatten()
+    bad = ~torch.isfinite(v) | (v < lo) | (v > hi)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise CheckpointError(
+            f"{owner}: {pname}: expected finite positive values representable in fp32 ([{lo:.3g}, {hi:.3g}] for "
+            f"{fmt}), got {v[i].item()!r} ({info.dtype} at flat index {i}, {int(bad.sum())} bad entries) in {info.file}")
+
+
+def check_fp8_weight(name: str, t: torch.Tensor, info: TensorInfo, fmt: str) -> None:
+    """Refuse FP8 weight bytes that encode NaN or inf (naming the tensor and the first bad index)."""
+    bits = t.view(torch.uint8) & FP8_EXP_MASK
+    bad = bits >= FP8_NONFINITE_FROM[fmt]
+    if bool(bad.any()):
+        i = int(bad.flatten().nonzero()[0])
+        raise CheckpointError(f"{name}: expected finite {fmt} values, got {int(bad.sum())} NaN/inf entries "
+                              f"(first at flat index {i}, byte 0x{int(t.view(torch.uint8).flatten()[i]):02x}) in {info.file}")
+
+
+def _materialize(folder: CheckpointFolder, model, swapped, stored, reads, zero_checks, dtype, device) -> None:
     from safetensors import safe_open
 
     by_file: dict[str, list[tuple[str, str, tuple]]] = {}
     for mkey, (skey, shape) in reads.items():
-        by_file.setdefault(stored[skey].file, []).append((mkey, skey, shape))
+        by_file.setdefault(stored[skey].name, []).append((mkey, skey, shape))
     for skey in zero_checks:
-        by_file.setdefault(stored[skey].file, []).append((None, skey, None))
-    for path, items in by_file.items():
+        by_file.setdefault(stored[skey].name, []).append((None, skey, None))
+    for name, items in by_file.items():
         try:
-            with safe_open(path, framework="pt", device=str(device)) as f:
+            with safe_open(folder.path_of(name), framework="pt", device=str(device)) as f:
                 for mkey, skey, shape in items:
+                    info = stored[skey]
                     owner, pname = _split(mkey) if mkey is not None else ("", "")
-                    to_dtype = dtype if not (owner in swapped and pname in ("weight", "weight_scale", "input_scale")) else None
-                    t = _read(f, skey, stored[skey], to_dtype)
+                    fp8 = owner in swapped and pname in ("weight",) + SCALE_NAMES
+                    t = _read(f, skey, info, None if fp8 else dtype)
                     if mkey is None:
                         if t.float().abs().max().item() != 0:
                             raise CheckpointError(f"{skey}: expected all-zero (symmetric) zero points, got non-zero values")
                         continue
-                    if owner in swapped and pname in ("weight_scale", "input_scale"):
+                    if fp8 and pname in SCALE_NAMES:
+                        check_scale(owner, pname, t, info, swapped[owner].scheme.fmt)
                         t = t.to(SCALE_DTYPE).reshape(shape)
+                    elif fp8:
+                        check_fp8_weight(skey, t, info, swapped[owner].scheme.fmt)
                     _assign(model, mkey, t)
         except CheckpointError:
             raise
         except Exception as e:  # safetensors raises its own error types for corrupt data
-            raise CheckpointError(f"{os.path.basename(path)}: cannot read tensors ({type(e).__name__}: {e})") from e
+            raise CheckpointError(f"{folder.display(name)}: cannot read tensors ({type(e).__name__}: {e})") from e
 
 
 def _retie(model: nn.Module, alias_groups: list[list[str]]) -> None:
@@ -276,16 +280,74 @@ def _retie(model: nn.Module, alias_groups: list[list[str]]) -> None:
             (model.get_submodule(owner) if owner else model)._parameters[attr] = src
 
 
+def _check_dtype(dtype) -> None:
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype in FORMATS.values()):
+        raise TypeError(f"dtype: expected a float dtype (torch.bfloat16/float16/float32) or None, got {dtype!r}")
+
+
+def _place(model: nn.Module, placement: Placement) -> nn.Module:
+    if not placement.dispatch:
+        return model.to(placement.device)  # buffers built on CPU follow the tensors
+    from accelerate import dispatch_model, infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+
+    dmap = placement.device_map
+    if dmap is None:
+        no_split = list(getattr(model, "_no_split_modules", None) or [])
+        max_memory = None
+        if placement.strategy != "sequential":
+            max_memory = get_balanced_memory(model, no_split_module_classes=no_split,
+                                             low_zero=placement.strategy == "balanced_low_0")
+        dmap = infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split)
+    return dispatch_model(model, dmap)
+
+
+def _load(folder: CheckpointFolder, placement: Placement, dtype: torch.dtype | None) -> nn.Module:
+    if folder.exists(INCOMPLETE_MARKER):
+        raise CheckpointError(f"{folder.display(INCOMPLETE_MARKER)}: the save into {folder.path!r} never finished")
+    plan, qc = read_plan(folder)
+    for note in plan.notes:
+        log.warning(note)
+    stored = list_tensors(folder)
+    cfg = folder.read_json(CONFIG_FILE)
+    config, cls = build_config(cfg, folder.display(CONFIG_FILE), max_layers=len(stored))
+    model = build_empty_model(config, cls, dtype, folder.display(CONFIG_FILE))
+    if "quantization_config" in cfg:
+        model.config.quantization_config = cfg["quantization_config"]
+    model.config._name_or_path = folder.path
+    swapped = _swap_linears(model, plan, dtype)
+    from .experts import ExpertsLoad  # fused MoE experts, stored per expert (no-op without them)
+
+    experts = ExpertsLoad(model, plan, stored, dtype)  # takes their tensors out of ``stored``
+    reads, zero_checks, alias_groups = _plan_reads(model, plan, swapped, stored)
+    _materialize(folder, model, swapped, stored, reads, zero_checks, dtype, placement.device)
+    _retie(model, alias_groups)
+    experts.materialize(folder, placement.device)
+    for name, mod in swapped.items():
+        try:
+            mod.check()
+        except (FP8LinearError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{name}: {e}") from e
+    return _place(model, placement)
+
+
 def load_quantized(path: str | os.PathLike, device_map=None, dtype: torch.dtype | None = torch.bfloat16) -> nn.Module:
     """Load an FP8 checkpoint folder into a model whose quantized Linear layers are :class:`FP8Linear`.
+
+    The folder is untrusted input (docs/checkpoints.md): every config field read is type- and
+    range-checked, every safetensors header before any tensor, files outside the folder are never
+    read, regex patterns run with a time bound, and FP8 weights holding NaN / inf bytes or scales
+    that are not finite, positive and representable in fp32 are refused. Files are read through one
+    open handle of the folder, so a save replacing the checkpoint meanwhile cannot mix two versions.
 
     Args:
         path: folder with ``config.json`` and ``model.safetensors`` (or shards plus
             ``model.safetensors.index.json``), written by :func:`save_quantized`, llm-compressor
             (compressed-tensors), vLLM / AutoFP8 / transformers ``FineGrainedFP8Config`` (``fp8``),
             transformers ``fbgemm_fp8`` or NVIDIA ModelOpt (see ``readers.py``).
-        device_map: ``None`` / ``"cpu"`` / ``"cuda:0"`` / a ``torch.device`` (tensors are read straight
-            onto it), or an accelerate device map dict / ``"auto"`` (dispatched after loading on CPU).
+        device_map: ``None`` / ``"cpu"`` / ``"cuda:0"`` / a ``torch.device`` / a CUDA index (tensors are
+            read straight onto it), or ``"auto"`` / ``"balanced"`` / ``"balanced_low_0"`` /
+            ``"sequential"`` / an accelerate device map dict (dispatched after loading on CPU).
         dtype: dtype of the non-quantized tensors (embeddings, norms, biases, ignored Linear layers);
             ``None`` keeps the stored dtypes. FP8 weights stay FP8 ``[out, in]``; scales are fp32.
 
@@ -293,39 +355,33 @@ def load_quantized(path: str | os.PathLike, device_map=None, dtype: torch.dtype 
         the model (``eval()`` mode), its ``config.quantization_config`` the stored dict.
 
     Raises:
-        CheckpointError: naming the tensor or file, for a missing / extra / mis-shaped / wrongly typed
-            tensor, a truncated or inconsistent safetensors file, an unknown ``quant_method``, a config
-            that disagrees with the tensors, invalid scales, or an unfinished save.
+        CheckpointError: naming the tensor, file or config field, for anything wrong with the folder:
+            a missing / extra / mis-shaped / wrongly typed tensor, a truncated or inconsistent
+            safetensors file, a malformed config, an unknown ``quant_method``, a config that disagrees
+            with the tensors, invalid values, or an unfinished save. Nothing else escapes a load.
+        DeviceError: ``device_map`` names no device this machine has (e.g. ``"cuda"`` without CUDA).
+        TypeError: ``dtype`` is not a float dtype.
     """
-    folder = os.fspath(path)
+    try:
+        folder = os.path.abspath(os.fspath(path))
+    except TypeError as e:
+        raise TypeError(f"path: expected a folder path (str or os.PathLike), got {type(path).__name__}") from e
+    _check_dtype(dtype)
+    placement = resolve_device_map(device_map)
     if not os.path.isdir(folder):
-        raise CheckpointError(f"path: expected a checkpoint folder, got {folder!r} (not a directory)")
-    if os.path.exists(os.path.join(folder, INCOMPLETE_MARKER)):
-        raise CheckpointError(f"{os.path.join(folder, INCOMPLETE_MARKER)}: the save into {folder!r} never finished")
-    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype in FORMATS.values()):
-        raise TypeError(f"dtype: expected a float dtype (torch.bfloat16/float16/float32) or None, got {dtype!r}")
-    dispatch = isinstance(device_map, dict) or device_map == "auto"
-    device = torch.device("cpu") if device_map is None or dispatch else torch.device(device_map)
-
-    plan, _ = read_plan(folder)
-    for note in plan.notes:
-        log.warning(note)
-    stored = list_tensors(folder)
-    model = _build_empty_model(folder, dtype)
-    swapped = _swap_linears(model, plan, dtype)
-    reads, zero_checks, alias_groups = _plan_reads(model, plan, swapped, stored)
-    _materialize(model, swapped, stored, reads, zero_checks, dtype, device)
-    _retie(model, alias_groups)
-    for name, mod in swapped.items():
+        raise CheckpointError(f"path: expected a checkpoint folder, got {folder!r} (not a directory){interrupted_save_hint(folder)}")
+    with CheckpointFolder(folder) as opened:
         try:
-            mod.check()
-        except (FP8LinearError, TypeError, ValueError) as e:
-            raise CheckpointError(f"{name}: {e}") from e
-    if not dispatch:
-        model.to(device)  # buffers built on CPU follow the tensors
-    else:
-        from accelerate import dispatch_model, infer_auto_device_map
-
-        dmap = infer_auto_device_map(model) if device_map == "auto" else device_map
-        model = dispatch_model(model, dmap)
+            model = _load(opened, placement, dtype)
+        except CheckpointError as e:
+            if opened.replaced():
+                raise CheckpointError(f"{folder}: replaced by a concurrent save during the load ({e}); load it again") from e
+            raise
+        except Exception as e:  # the contract: a bad checkpoint ends in a CheckpointError, never in another error
+            raise CheckpointError(f"{folder}: cannot load ({type(e).__name__}: {str(e)[:300]})") from e
+        if opened.replaced() and not opened.snapshot:
+            raise CheckpointError(f"{folder}: replaced by a concurrent save during the load; load it again")
+        if opened.replaced():
+            log.warning("%s was replaced by a save while loading; the model is the checkpoint as it was when the load "
+                        "began (all of its files were read from that version)", folder)
     return model

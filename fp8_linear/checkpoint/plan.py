@@ -4,32 +4,83 @@ the checkpoint names the tensors (one plan per ``quant_method``; built in ``conf
 from __future__ import annotations
 
 import fnmatch
-import re
+import functools
 from dataclasses import dataclass, field
 
+import regex
 from torch import nn
 
+from ..errors import CheckpointError
 from ..scheme import QuantScheme
 
 #: How a checkpoint's target / ignore patterns match a module name:
-#: ``ct`` (compressed-tensors and vLLM: exact name, ``re:<regex>`` via ``re.match``, or a class name),
-#: ``substring`` (transformers ``modules_to_not_convert``), ``glob`` (ModelOpt ``exclude_modules``).
+#: ``ct`` (compressed-tensors and vLLM: exact name, ``re:<regex>`` with ``re.match`` semantics, or a
+#: class name), ``substring`` (transformers ``modules_to_not_convert``), ``glob`` (ModelOpt ``exclude_modules``).
 MATCH_STYLES = ("ct", "substring", "glob")
+#: Longest pattern accepted from a checkpoint (real ones are under 200 characters).
+MAX_PATTERN_CHARS = 2048
+#: Seconds one match of a pattern against a module name may take: a pattern that backtracks
+#: catastrophically (``re:(a|aa)+$``) is refused instead of matching for as long as one lets it.
+MATCH_TIMEOUT_S = 0.2
+RE_PREFIX = "re:"
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(expr: str, glob: bool):
+    """``expr`` compiled by the ``regex`` engine (``re``-compatible, with a match timeout)."""
+    return regex.compile(fnmatch.translate(expr) if glob else expr)
+
+
+def check_pattern(pattern, style: str, where: str) -> str:
+    """``pattern`` if it is a usable target / ignore pattern of ``style``, else :class:`CheckpointError`
+    naming ``where`` (the config field): a non-empty string of at most :data:`MAX_PATTERN_CHARS`
+    characters whose ``re:`` regex (or glob) compiles."""
+    if not isinstance(pattern, str) or not pattern:
+        raise CheckpointError(f"{where}: expected a module name or pattern (a non-empty string), got {pattern!r:.200}")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise CheckpointError(f"{where}: expected a pattern of at most {MAX_PATTERN_CHARS} characters, got {len(pattern)}")
+    if (style == "ct" and pattern.startswith(RE_PREFIX)) or style == "glob":
+        try:
+            _compiled(pattern[len(RE_PREFIX):] if style == "ct" else pattern, style == "glob")
+        except Exception as e:  # regex.error, and OverflowError / RecursionError for absurd repeats or nesting
+            raise CheckpointError(f"{where}: expected a valid {'glob' if style == 'glob' else 'regular expression'}, "
+                                  f"got {pattern!r:.200} ({type(e).__name__}: {e})") from e
+    return pattern
+
+
+def check_patterns(patterns, style: str, where: str) -> list[str]:
+    """A list of patterns (``None`` -> ``[]``), each checked by :func:`check_pattern`."""
+    if patterns is None:
+        return []
+    if not isinstance(patterns, list):
+        raise CheckpointError(f"{where}: expected a list of module names or patterns, got {patterns!r:.200}")
+    return [check_pattern(p, style, f"{where}[{i}]") for i, p in enumerate(patterns)]
+
+
+def _regex_match(pattern: str, expr: str, name: str, glob: bool) -> bool:
+    try:
+        return _compiled(expr, glob).match(name, timeout=MATCH_TIMEOUT_S) is not None
+    except TimeoutError as e:
+        raise CheckpointError(f"pattern {pattern!r:.200}: expected a match in linear time, got more than {MATCH_TIMEOUT_S} s "
+                              f"on module {name!r} (catastrophic backtracking)") from e
+    except Exception as e:  # a pattern that was never checked and does not compile
+        raise CheckpointError(f"pattern {pattern!r:.200}: expected a valid pattern, got {type(e).__name__}: {e}") from e
 
 
 def pattern_matches(pattern: str, name: str, module: nn.Module | None, style: str) -> bool:
     """True when ``pattern`` (in ``style``, see :data:`MATCH_STYLES`) selects module ``name``; in every
-    style a class name (``"Linear"`` for any ``nn.Linear``) selects the modules of that class."""
+    style a class name (``"Linear"`` for any ``nn.Linear``) selects the modules of that class. Regexes
+    run with a :data:`MATCH_TIMEOUT_S` bound (:class:`CheckpointError` past it)."""
     if module is not None and (pattern == type(module).__name__ or (pattern == "Linear" and isinstance(module, nn.Linear))):
         return True
     if style == "ct":
-        if pattern.startswith("re:"):
-            return re.match(pattern[3:], name) is not None
+        if pattern.startswith(RE_PREFIX):
+            return _regex_match(pattern, pattern[len(RE_PREFIX):], name, False)
         return pattern == name
     if style == "substring":
         return pattern == name or pattern in name
     if style == "glob":
-        return fnmatch.fnmatchcase(name, pattern)
+        return _regex_match(pattern, pattern, name, True)
     raise ValueError(f"style: expected one of {MATCH_STYLES}, got {style!r}")
 
 

@@ -19,98 +19,98 @@ Tensor names: ``weight_scale_inv`` (fp8 block and FineGrainedFP8) is the multipl
 
 from __future__ import annotations
 
-import json
-import os
-
 from ..errors import CheckpointError
 from ..formats import GROUP_SIZE
 from ..scheme import QuantScheme
 from .ct_config import CT_METHOD, plan_from_ct
-from .plan import QuantPlan
+from .fields import fail, get_int_list, get_number, get_str
+from .folder import CheckpointFolder
+from .plan import QuantPlan, check_patterns
 
 CONFIG_FILE = "config.json"
 MODELOPT_FILE = "hf_quant_config.json"
 SUPPORTED_METHODS = (CT_METHOD, "fp8", "fbgemm_fp8", "modelopt")
 FP8_RENAMES = {"weight_scale_inv": "weight_scale", "activation_scale": "input_scale"}
 MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN")
+QC = "config.json quantization_config"
 
 
 def read_json(path: str) -> dict:
-    """A JSON object from ``path``; :class:`CheckpointError` naming the file when missing or invalid."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError as e:
-        raise CheckpointError(f"{path}: expected a JSON file, got no such file") from e
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: expected valid JSON, got {e}") from e
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    """A JSON object from file ``path``; :class:`CheckpointError` naming the file when missing or invalid."""
+    import os
+
+    with CheckpointFolder(os.path.dirname(os.path.abspath(path)) or ".") as folder:
+        return folder.read_json(os.path.basename(path))
+
+
+def _ignore(qc: dict, keys: tuple[str, ...], style: str, where: str) -> list[str]:
+    """The first non-empty of ``keys`` as a checked pattern list (``[]`` when none is set); every
+    one present is checked."""
+    lists = [check_patterns(qc.get(key), style, f"{where}.{key}") for key in keys]
+    return next((x for x in lists if x), [])
 
 
 def _plan_fp8(qc: dict) -> QuantPlan:
-    static = str(qc.get("activation_scheme", "dynamic")).lower()
-    if static not in ("static", "dynamic"):
-        raise CheckpointError(f"config.json quantization_config.activation_scheme: expected 'static' or 'dynamic', got {static!r}")
-    if str(qc.get("fmt", "e4m3")).lower() != "e4m3":
-        raise CheckpointError(f"config.json quantization_config.fmt: expected 'e4m3', got {qc.get('fmt')!r}")
-    if qc.get("scale_fmt", "float") not in ("float", "ue8m0"):
-        raise CheckpointError(f"config.json quantization_config.scale_fmt: expected 'float' or 'ue8m0', got {qc.get('scale_fmt')!r}")
-    block = qc.get("weight_block_size")
+    static = get_str(qc, "activation_scheme", QC, ("static", "dynamic"), "dynamic", lower=True)
+    get_str(qc, "fmt", QC, ("e4m3",), lower=True)
+    get_str(qc, "scale_fmt", QC, ("float", "ue8m0"))
+    block = get_int_list(qc, "weight_block_size", QC)
     dynamic = static == "dynamic"
     if block is None:
         scheme = QuantScheme(f"fp8:{static}", "tensor", dynamic, "tensor")
-    elif list(block) == [GROUP_SIZE, GROUP_SIZE]:
+    elif block == [GROUP_SIZE, GROUP_SIZE]:
         scheme = QuantScheme(f"fp8:block-{static}", "block", dynamic, "group" if dynamic else "tensor")
     else:
-        raise CheckpointError(
-            f"config.json quantization_config.weight_block_size: expected [{GROUP_SIZE}, {GROUP_SIZE}] or null, got {block!r}")
-    ignore = qc.get("ignored_layers") or qc.get("modules_to_not_convert") or []
+        raise fail(f"{QC}.weight_block_size", f"[{GROUP_SIZE}, {GROUP_SIZE}] or null", block)
+    ignore = _ignore(qc, ("ignored_layers", "modules_to_not_convert"), "substring", QC)
     if qc.get("modules_to_convert"):
-        raise CheckpointError(
-            f"config.json quantization_config.modules_to_convert: expected null (every Linear not ignored is FP8), "
-            f"got {qc['modules_to_convert']!r}")
-    return QuantPlan("fp8", [(["Linear"], scheme)], list(ignore), "substring", renames=dict(FP8_RENAMES),
+        raise fail(f"{QC}.modules_to_convert", "null (every Linear not ignored is FP8)", qc["modules_to_convert"])
+    return QuantPlan("fp8", [(["Linear"], scheme)], ignore, "substring", renames=dict(FP8_RENAMES),
                      keep_output_embeddings=True)
 
 
 def _plan_fbgemm(qc: dict) -> QuantPlan:
     scheme = QuantScheme("fbgemm_fp8", "channel", True, "token")
     notes = []
-    if qc.get("activation_scale_ub") is not None:
-        notes.append(f"fbgemm_fp8 activation_scale_ub={qc['activation_scale_ub']} (an upper bound on per-token "
+    ub = get_number(qc, "activation_scale_ub", QC, positive=True)
+    if ub is not None:
+        notes.append(f"fbgemm_fp8 activation_scale_ub={ub} (an upper bound on per-token "
                      "activation scales) is not applied; per-token scales are plain amax / 448")
-    return QuantPlan("fbgemm_fp8", [(["Linear"], scheme)], list(qc.get("modules_to_not_convert") or []),
-                     "substring", notes=notes, keep_output_embeddings=True)
+    ignore = _ignore(qc, ("modules_to_not_convert",), "substring", QC)
+    return QuantPlan("fbgemm_fp8", [(["Linear"], scheme)], ignore, "substring", notes=notes, keep_output_embeddings=True)
 
 
 def _plan_modelopt(q: dict, source: str) -> QuantPlan:
     algo = q.get("quant_algo")
-    if algo not in MODELOPT_ALGOS:
-        raise CheckpointError(f"{source} quant_algo: expected one of {list(MODELOPT_ALGOS)}, got {algo!r}")
+    if not isinstance(algo, str) or algo not in MODELOPT_ALGOS:
+        raise CheckpointError(f"{source} quant_algo: expected one of {list(MODELOPT_ALGOS)}, got {algo!r:.200}")
     if q.get("kv_cache_quant_algo"):
-        raise CheckpointError(f"{source} kv_cache_quant_algo: expected null (FP8 KV-cache is not supported), got {q['kv_cache_quant_algo']!r}")
+        raise CheckpointError(f"{source} kv_cache_quant_algo: expected null (FP8 KV-cache is not supported), "
+                              f"got {q['kv_cache_quant_algo']!r:.200}")
     scheme = (QuantScheme("modelopt:FP8", "tensor", False, "tensor") if algo == "FP8"
               else QuantScheme("modelopt:FP8_PER_CHANNEL_PER_TOKEN", "channel", True, "token"))
-    ignore = q.get("exclude_modules") or q.get("ignore") or []
-    return QuantPlan("modelopt", [(["*"], scheme)], list(ignore), "glob")
+    ignore = _ignore(q, ("exclude_modules", "ignore"), "glob", source)
+    return QuantPlan("modelopt", [(["*"], scheme)], ignore, "glob")
 
 
-def read_plan(folder: str) -> tuple[QuantPlan, dict]:
+def read_plan(folder: str | CheckpointFolder) -> tuple[QuantPlan, dict]:
     """``(plan, quantization_config)`` of the checkpoint in ``folder`` (``config.json``, or ModelOpt's
-    ``hf_quant_config.json``); :class:`CheckpointError` for an unknown or unsupported ``quant_method``."""
-    cfg = read_json(os.path.join(folder, CONFIG_FILE))
+    ``hf_quant_config.json``); :class:`CheckpointError` for an unknown or unsupported ``quant_method``,
+    or any field of the wrong type, range or choice (named)."""
+    if not isinstance(folder, CheckpointFolder):
+        with CheckpointFolder(folder) as opened:
+            return read_plan(opened)
+    cfg = folder.read_json(CONFIG_FILE)
     qc = cfg.get("quantization_config")
-    if qc is None and os.path.exists(os.path.join(folder, MODELOPT_FILE)):
-        hq = read_json(os.path.join(folder, MODELOPT_FILE))
+    if qc is None and folder.exists(MODELOPT_FILE):
+        hq = folder.read_json(MODELOPT_FILE)
         q = hq.get("quantization")
         if not isinstance(q, dict):
-            raise CheckpointError(f"{os.path.join(folder, MODELOPT_FILE)}: expected a 'quantization' object, got {q!r}")
+            raise CheckpointError(f"{folder.display(MODELOPT_FILE)}: expected a 'quantization' object, got {q!r:.200}")
         return _plan_modelopt(q, MODELOPT_FILE), dict(q, quant_method="modelopt")
     if not isinstance(qc, dict):
         raise CheckpointError(
-            f"{os.path.join(folder, CONFIG_FILE)}: expected a quantization_config (FP8 checkpoint), got {qc!r}")
+            f"{folder.display(CONFIG_FILE)}: expected a quantization_config (FP8 checkpoint), got {qc!r:.200}")
     method = qc.get("quant_method")
     if method == CT_METHOD:
         return plan_from_ct(qc), qc
@@ -119,6 +119,5 @@ def read_plan(folder: str) -> tuple[QuantPlan, dict]:
     if method == "fbgemm_fp8":
         return _plan_fbgemm(qc), qc
     if method == "modelopt":
-        return _plan_modelopt(qc, "config.json quantization_config"), qc
-    raise CheckpointError(
-        f"config.json quantization_config.quant_method: expected one of {list(SUPPORTED_METHODS)}, got {method!r}")
+        return _plan_modelopt(qc, QC), qc
+    raise CheckpointError(f"{QC}.quant_method: expected one of {list(SUPPORTED_METHODS)}, got {method!r:.200}")

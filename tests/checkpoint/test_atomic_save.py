@@ -35,8 +35,11 @@ POLL_S = 0.002
 WAIT_S = 300
 
 
-def _siblings(parent: str, name: str) -> list[str]:
-    return [os.path.join(parent, f) for f in os.listdir(parent) if f.startswith(f".{name}.")]
+def _siblings(parent: str, name: str = "") -> list[str]:
+    """The hidden work folders of saves into ``parent`` (``.fp8-XXXXXXXX``, see fp8_linear/checkpoint/swap.py)."""
+    from fp8_linear.checkpoint.swap import WORK_PREFIX
+
+    return [os.path.join(parent, f) for f in os.listdir(parent) if f.startswith(WORK_PREFIX)]
 
 
 def test_killed_save_leaves_nothing_loadable(tmp_path):
@@ -69,6 +72,11 @@ def test_killed_save_leaves_nothing_loadable(tmp_path):
             load_quantized(folder)
     with pytest.raises(CheckpointError, match="not a directory"):
         load_quantized(target)
+    # the next save into the same target removes the dead save's leftover (and only that)
+    from fp8_linear import save_quantized
+
+    save_quantized(quantize_tiny(tiny_llama(seed=24, num_hidden_layers=1), "fp8-dynamic"), target)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
 
 
 @pytest.fixture(scope="module")
