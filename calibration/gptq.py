@@ -53,30 +53,51 @@ ACT_ORDER = False
 class HessianAccumulator:
     """``H = sum x x^T`` (fp64 ``[in, in]``) over at most :data:`MAX_TOKENS` input rows ``x`` ``[tokens, in]``."""
 
-    def __init__(self, in_features: int, max_tokens: int = MAX_TOKENS):
-        self.h = torch.zeros(in_features, in_features, dtype=torch.float64)
+    def __init__(self, in_features: int, max_tokens: int | None = None, device: torch.device | str | None = None):
+        self.h = torch.zeros(in_features, in_features, dtype=torch.float64, device=device)
         self.tokens = 0
-        self.max_tokens = max_tokens
+        self.max_tokens = MAX_TOKENS if max_tokens is None else max_tokens  # read at call time
         self._factor: tuple | None = None  # (tokens, damp, act_order, U, dead, perm), see inverse_factor
 
     def update(self, x: torch.Tensor) -> None:
-        """Fold the rows of ``x`` (``[tokens, in]``) into ``H``, up to ``max_tokens`` in total."""
+        """Fold the rows of ``x`` (``[tokens, in]``, any device: ``H`` moves to it on the first update)
+        into ``H``, up to ``max_tokens`` in total. On CUDA, bf16/fp16 inputs are multiplied in TF32,
+        which holds them exactly (exact products, fp32 sums); fp32 inputs in full fp32."""
         room = self.max_tokens - self.tokens
         if room <= 0:
             return
-        x = x.reshape(-1, x.shape[-1])[:room].to(torch.float32)
-        self.h += (x.t() @ x).double()
+        x = x.reshape(-1, x.shape[-1])[:room]
+        if self.tokens == 0 and self.h.device != x.device:
+            self.h = self.h.to(x.device)
+        exact_in_tf32 = x.dtype in (torch.bfloat16, torch.float16)  # 7 / 10 mantissa bits: TF32 holds them
+        x = x.to(torch.float32)
+        if x.is_cuda and exact_in_tf32:
+            prev = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = True
+            try:
+                self.h += (x.t() @ x).double()
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = prev
+        else:
+            self.h += (x.t() @ x).double()
         self.tokens += x.shape[0]
 
-    def inverse_factor(self, damp: float = DAMP, act_order: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def to(self, device) -> "HessianAccumulator":
+        """Move ``H`` (and a memoized factor) to ``device``, in place; returns ``self``."""
+        self.h = self.h.to(device)
+        if self._factor is not None:
+            self._factor = (*self._factor[:3], *(t.to(device) if t is not None else None for t in self._factor[3:]))
+        return self
+
+    def inverse_factor(self, damp: float | None = None, act_order: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``(U, dead, perm)`` of :func:`column_order_factor` for the current ``H``, computed once and memoized."""
-        key = (self.tokens, damp, ACT_ORDER if act_order is None else act_order)
+        key = (self.tokens, DAMP if damp is None else damp, ACT_ORDER if act_order is None else act_order)
         if self._factor is None or self._factor[:3] != key:
             self._factor = (*key, *column_order_factor(self.h, damp, key[2]))
         return self._factor[3:]
 
 
-def column_order_factor(h: torch.Tensor, damp: float = DAMP, act_order: bool | None = None
+def column_order_factor(h: torch.Tensor, damp: float | None = None, act_order: bool | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(U, dead, perm)``: the :func:`inverse_factor` of ``h`` with rows and columns in GPTQ's column order.
 
@@ -95,13 +116,13 @@ def column_order_factor(h: torch.Tensor, damp: float = DAMP, act_order: bool | N
     return (*inverse_factor(h[perm][:, perm], damp), perm)
 
 
-def inverse_factor(h: torch.Tensor, damp: float = DAMP) -> tuple[torch.Tensor, torch.Tensor]:
+def inverse_factor(h: torch.Tensor, damp: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The GPTQ factor of ``h``: ``U`` upper-triangular with ``U^T U = (H + damp * mean(diag H) * I)^-1``.
 
     Args:
         h: ``sum x x^T``, ``[in, in]`` (fp64). Inputs that never fire (zero diagonal, "dead") get
             ``H[i, i] = 1`` so the factor exists; their weights are zeroed by the caller.
-        damp: dampening, as a fraction of the mean diagonal.
+        damp: dampening, as a fraction of the mean diagonal (``None``: :data:`DAMP`, read at call time).
 
     Returns:
         ``(U, dead)``: ``U`` fp32 ``[in, in]`` upper-triangular, ``dead`` bool ``[in]``.
@@ -110,17 +131,19 @@ def inverse_factor(h: torch.Tensor, damp: float = DAMP) -> tuple[torch.Tensor, t
     triangular ``R = P L P``, so ``H^-1 = R^-T R^-1`` and ``U = R^-1 = P L^-1 P``: one Cholesky and one
     triangular inverse (``U`` has a positive diagonal, so it *is* the Cholesky factor of ``H^-1``).
     """
+    damp = DAMP if damp is None else damp
     h = h.clone()
     dead = torch.diag(h) == 0
     h[dead, dead] = 1.0
-    h += torch.eye(h.shape[0], dtype=h.dtype) * (damp * torch.diag(h).mean())
+    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
+    h += eye * (damp * torch.diag(h).mean())
     low = torch.linalg.cholesky(h.flip(0, 1))
-    u = torch.linalg.solve_triangular(low, torch.eye(h.shape[0], dtype=h.dtype), upper=False).flip(0, 1)
+    u = torch.linalg.solve_triangular(low, eye, upper=False).flip(0, 1)
     return u.to(SCALE_DTYPE), dead
 
 
 def gptq_fp8(w: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, fmt: str | torch.dtype = "e4m3",
-             damp: float = DAMP, block: int = BLOCK, act_order: bool | None = None) -> torch.Tensor:
+             damp: float | None = None, block: int = BLOCK, act_order: bool | None = None) -> torch.Tensor:
     """GPTQ-quantize ``w`` onto the FP8 grid of the fixed ``scale``.
 
     Args:
@@ -130,7 +153,7 @@ def gptq_fp8(w: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, fmt: str | t
             (its factor is computed once and reused by later calls).
         scale: the weight scale: ``[1]``, ``[out, 1]``, 128x128 blocks, or already expanded ``[out, in]``; fp32.
         fmt: FP8 format.
-        damp: dampening, as a fraction of the mean diagonal of ``h``.
+        damp: dampening, as a fraction of the mean diagonal of ``h`` (``None``: :data:`DAMP`).
         block: columns per lazy update.
         act_order: quantize columns by decreasing ``h[i, i]`` (``None`` = :data:`ACT_ORDER`).
 
@@ -142,7 +165,7 @@ def gptq_fp8(w: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, fmt: str | t
 
 
 def gptq_fp8_many(ws: list[torch.Tensor], h, scales: list[torch.Tensor], fmt: str | torch.dtype = "e4m3",
-                  damp: float = DAMP, block: int = BLOCK, act_order: bool | None = None) -> list[torch.Tensor]:
+                  damp: float | None = None, block: int = BLOCK, act_order: bool | None = None) -> list[torch.Tensor]:
     """:func:`gptq_fp8` of several weights that share one input (one ``H``), in one column sweep.
 
     ``ws[i]`` ``[out_i, in]`` is rounded onto the grid of ``scales[i]`` (any shape :func:`gptq_fp8`
@@ -159,8 +182,10 @@ def gptq_fp8_many(ws: list[torch.Tensor], h, scales: list[torch.Tensor], fmt: st
     u, dead, perm = h.inverse_factor(damp, act_order) if isinstance(h, HessianAccumulator) else column_order_factor(h, damp, act_order)
     if u.shape[0] != n_in:
         raise ValueError(f"h: expected [{n_in}, {n_in}] (the weights' input width), got {list(u.shape)}")
-    w = torch.cat([x.detach().to(SCALE_DTYPE) for x in ws])
-    s = torch.cat([(sc if sc.shape == x.shape else expand_scale(sc, x.shape)).to(SCALE_DTYPE) for x, sc in zip(ws, scales)])
+    dev = u.device  # the sweep runs where H is (a GPU during GPU calibration)
+    w = torch.cat([x.detach().to(dev, SCALE_DTYPE) for x in ws])
+    s = torch.cat([(sc.to(dev) if sc.shape == x.shape else expand_scale(sc.to(dev), x.shape)).to(SCALE_DTYPE)
+                   for x, sc in zip(ws, scales)])
     if perm is not None:  # sweep in the permuted column order, return in the original one
         w, s = w[:, perm], s[:, perm]
     w[:, dead] = 0.0

@@ -27,6 +27,7 @@ from fp8_linear.scheme import QuantScheme, resolve_scheme
 
 from .data import DEFAULT_BATCH_SIZE, DEFAULT_MAX_SAMPLES, DEFAULT_SEQ_LEN, Batch, materialize_batches
 from .gptq import HessianAccumulator, gptq_fp8_many
+from .hooks import ObserverHooks
 from .observers import ActivationObserver, weight_scale
 from . import scale_align
 
@@ -117,6 +118,7 @@ def calibrate(
     histogram: bool = True,
     hessian: bool = False,
     dtype: torch.dtype | None = None,
+    hessian_tokens: int | None = None,
 ) -> dict[str, ActivationObserver]:
     """Run ``batches`` through ``model`` and observe the input of every module in ``targets``.
 
@@ -133,6 +135,7 @@ def calibrate(
         dtype: run the forwards on a copy of the model in this dtype (e.g. ``torch.bfloat16``: about
             3x faster than fp32 on a CPU with AMX); statistics are still kept in fp32/fp64. ``None``
             (default): the model as it is. The model itself is never changed.
+        hessian_tokens: tokens folded into each ``H`` (``None``: :data:`~fp8_linear.calibration.gptq.MAX_TOKENS`).
 
     Returns:
         one :class:`ActivationObserver` per target name. Padding positions (``attention_mask == 0``)
@@ -142,33 +145,13 @@ def calibrate(
     from tqdm.auto import tqdm
 
     obs = observers if observers is not None else {n: ActivationObserver(n, histogram) for n in targets}
-    state: dict = {"mask": None, "last": (None, None)}
-
-    def make_hook(name: str):
-        def hook(_mod, args, kwargs):
-            x0 = args[0] if args else next(iter(kwargs.values()))
-            x, mask = x0, state["mask"]
-            if mask is not None and x.dim() >= 2 and x.shape[:-1].numel() == mask.numel():
-                x = x.reshape(-1, x.shape[-1])[mask]
-            o = obs[name]
-            o.update(x)
-            if hessian:
-                last_x, last_h = state["last"]
-                if getattr(o, "hessian", None) is None:  # consecutive layers fed the same tensor share one H
-                    o.hessian = last_h if last_x is x0 else HessianAccumulator(x.shape[-1])
-                if not (last_x is x0 and last_h is o.hessian):
-                    o.hessian.update(x)
-                state["last"] = (x0, o.hessian)
-
-        return hook
-
     runner = _forward_target(model, targets)
     hooked = targets
     if dtype is not None and dtype != next(model.parameters()).dtype:
         skip = 0 if runner is model else len(model.base_model_prefix) + 1  # names relative to the runner
         runner = copy.deepcopy(runner).to(dtype)
         hooked = {n: runner.get_submodule(n[skip:]) for n in targets}
-    handles = [m.register_forward_pre_hook(make_hook(n), with_kwargs=True) for n, m in hooked.items()]
+    hooks = ObserverHooks(obs, hessian, hessian_tokens).attach(hooked)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     batches = list(batches) if not isinstance(batches, list) else batches
     was_training = model.training
@@ -178,21 +161,28 @@ def calibrate(
             for b in tqdm(batches, desc="calibrating", unit="batch", disable=not progress):
                 if b.num_tokens == 0:
                     continue
-                mask = b.attention_mask.reshape(-1).bool()
-                state["mask"] = None if bool(mask.all()) else mask.to(device)  # no padding: no masked copy
-                state["last"] = (None, None)
+                hooks.begin_batch(padding_mask(b, device))
                 runner(input_ids=b.input_ids.to(device), attention_mask=b.attention_mask.to(device))
     finally:
-        state["mask"], state["last"] = None, (None, None)
-        for h in handles:
-            h.remove()
+        hooks.remove()
         model.train(was_training)
+    check_observed(obs)
+    return obs
+
+
+def padding_mask(b: Batch, device) -> torch.Tensor | None:
+    """The batch's flattened attention mask (bool ``[B * T]`` on ``device``), or ``None`` without padding."""
+    mask = b.attention_mask.reshape(-1).bool()
+    return None if bool(mask.all()) else mask.to(device)  # no padding: no masked copy
+
+
+def check_observed(obs: dict[str, ActivationObserver]) -> None:
+    """Raise :class:`CalibrationError` if some (or every) observer saw no token."""
     empty = [n for n, o in obs.items() if o.count == 0]
     if len(empty) == len(obs):
         raise CalibrationError(f"calib_data: no calibration token reached any of the {len(obs)} layers (empty or all padding)")
     if empty:
         raise CalibrationError(f"calib_data: layer {empty[0]!r} (and {len(empty) - 1} more) saw no calibration token")
-    return obs
 
 
 def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -207,6 +197,7 @@ def apply_quantization(
     observers: dict[str, ActivationObserver] | None = None,
     gptq: bool = False,
     cache: dict | None = None,
+    progress: str | None = None,
 ) -> nn.Module:
     """Replace each ``targets`` module of ``model`` (in place) by ``FP8Linear.from_linear``.
 
@@ -216,9 +207,10 @@ def apply_quantization(
     ``gptq=True`` rounds the weights with GPTQ error compensation (needs observers calibrated with
     ``hessian=True``); the scales are unchanged. ``cache`` (a dict the caller keeps) reuses weight
     scales and GPTQ weights across calls on copies of the same model with the same weight recipe.
+    ``progress``: label of a tqdm bar over the GPTQ pass (``None``: no bar).
     """
     scheme = resolve_scheme(scheme)
-    scales, rounded = prepare_weights(targets, [scheme], observers, gptq, cache)[_weight_key(scheme, gptq)]
+    scales, rounded = prepare_weights(targets, [scheme], observers, gptq, cache, progress)[_weight_key(scheme, gptq)]
     rounded = dict(rounded)
     for name, lin in targets.items():
         amax = None
@@ -241,7 +233,7 @@ def _weight_key(scheme: QuantScheme, gptq: bool) -> tuple:
 
 
 def prepare_weights(targets: dict[str, nn.Linear], schemes, observers=None, gptq: bool = False,
-                    cache: dict | None = None) -> dict:
+                    cache: dict | None = None, progress: str | None = None) -> dict:
     """Weight scales (and GPTQ-rounded fp32 weights) of every distinct weight recipe among ``schemes``.
 
     Returns (and stores in ``cache`` when given) ``{key: (scales, rounded)}``: ``scales[name]`` of the
@@ -250,7 +242,7 @@ def prepare_weights(targets: dict[str, nn.Linear], schemes, observers=None, gptq
     (:mod:`~fp8_linear.calibration.scale_align`; the stored scales are the aligned ones), and
     all recipes of one FP8 format go through a single GPTQ column sweep per distinct layer input
     (:func:`~fp8_linear.calibration.gptq.gptq_fp8_many`), so quantizing with every preset costs about
-    one sweep, not one per preset.
+    one sweep, not one per preset. ``progress``: label of a tqdm bar over the GPTQ sweeps (``None``: no bar).
     """
     cache = {} if cache is None else cache
     todo: dict[tuple, QuantScheme] = {}
@@ -264,7 +256,7 @@ def prepare_weights(targets: dict[str, nn.Linear], schemes, observers=None, gptq
         _align_scales(targets, todo, scales, observers)
     for fmt in {s.fmt for s in todo.values()}:
         keys = [k for k, s in todo.items() if s.fmt == fmt]
-        rounded = _gptq_weights(targets, [scales[k] for k in keys], observers, fmt) if gptq else [{} for _ in keys]
+        rounded = _gptq_weights(targets, [scales[k] for k in keys], observers, fmt, progress) if gptq else [{} for _ in keys]
         for k, r in zip(keys, rounded):
             cache[k] = (scales[k], r)
     return {k: cache[k] for k in (_weight_key(resolve_scheme(s), gptq) for s in schemes)}
@@ -296,7 +288,7 @@ def _align_scales(targets, todo: dict, scales: dict, observers) -> None:
                                                             s.weight_granularity, s.fmt)
 
 
-def _gptq_weights(targets, scales_list, observers, fmt) -> list[dict[str, torch.Tensor]]:
+def _gptq_weights(targets, scales_list, observers, fmt, progress: str | None = None) -> list[dict[str, torch.Tensor]]:
     """GPTQ-rounded fp32 weights per target, one dict per entry of ``scales_list`` (one weight
     recipe each); layers sharing one input (one H) and all recipes are stacked and solved at once."""
     groups: dict[int, list[str]] = {}
@@ -305,8 +297,10 @@ def _gptq_weights(targets, scales_list, observers, fmt) -> list[dict[str, torch.
         if hess is None:
             raise CalibrationError(f"gptq: layer {name!r} has no input statistics (calibrate with hessian=True)")
         groups.setdefault(id(hess), []).append(name)
+    from tqdm.auto import tqdm
+
     out = [{} for _ in scales_list]
-    for names in groups.values():
+    for names in tqdm(list(groups.values()), desc=progress, unit="input", disable=progress is None):
         hess = observers[names[0]].hessian
         if hess.tokens < GPTQ_MIN_TOKENS_PER_FEATURE * hess.h.shape[0]:
             continue  # too few tokens for a reliable H: GPTQ would overfit them; round to nearest
@@ -331,6 +325,11 @@ def quantize_model(
     progress: bool = True,
     gptq: bool | None = None,
     calib_dtype: torch.dtype | None = None,
+    layerwise: bool = False,
+    device: "torch.device | str | None" = None,
+    offload_activations: bool = False,
+    hessian_tokens: int | None = None,
+    max_kl: float | None = None,
 ) -> nn.Module:
     """Quantize a transformers model to FP8 in place and return it.
 
@@ -351,6 +350,19 @@ def quantize_model(
             on whenever there is calibration data to use (always for static schemes; for dynamic
             schemes when ``calib_data`` or a ``tokenizer`` is given).
         calib_dtype: dtype of the calibration forwards (``calibrate``'s ``dtype``; ``None`` = the model's).
+        layerwise: calibrate and quantize one decoder layer at a time on ``device``
+            (:mod:`~fp8_linear.calibration.layerwise`): the model stays where it is (e.g. the CPU) and
+            only one layer, its ``H`` and the hidden states are on the GPU, so a model larger than the
+            GPU's memory calibrates on one GPU. Same scales as the all-at-once path.
+        device: where ``layerwise`` runs each layer (default: ``"cuda"`` when available, else the
+            model's device). Without ``layerwise`` calibration runs where the model is.
+        offload_activations: ``layerwise`` only: keep the hidden states between layers on the CPU.
+        hessian_tokens: tokens folded into each GPTQ ``H`` (``None``: :data:`~fp8_linear.calibration.gptq.MAX_TOKENS`).
+        max_kl: an accuracy budget (causal LMs): keep the fewest layers in high precision so that
+            ``KL(unquantized || quantized)`` per token, measured on a held-out slice of the calibration
+            batches, is at most this many nats (:mod:`~fp8_linear.calibration.mixed_precision`). The
+            report (kept layers, KL, weight memory) is ``model.fp8_mixed_precision`` and is printed
+            when ``progress``. ``None`` (default): every selected layer in FP8.
 
     Returns:
         ``model``, with every selected ``nn.Linear`` replaced by an ``FP8Linear``.
@@ -363,13 +375,85 @@ def quantize_model(
     targets = select_linears(model, ignore)
     if gptq is None:
         gptq = scheme.static or calib_data is not None or tokenizer is not None
-    observers = None
+    if max_kl is not None:
+        if layerwise:
+            raise ValueError("max_kl: not supported with layerwise=True (the budget search runs whole-model forwards)")
+        return _quantize_to_budget(model, targets, calib_data, tokenizer, scheme, gptq, max_kl, progress=progress,
+                                   seq_len=seq_len, max_samples=max_samples, batch_size=batch_size,
+                                   calib_dtype=calib_dtype, hessian_tokens=hessian_tokens)
+    if (device is not None or offload_activations) and not layerwise:
+        raise ValueError("device/offload_activations: only used with layerwise=True (otherwise calibration runs where the model is)")
+    observers = batches = None
     if scheme.static or gptq:
         batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size)
-        observers = calibrate(model, targets, batches, progress=progress, histogram=needs_histogram([scheme]), hessian=gptq,
-                              dtype=calib_dtype)
+        if not layerwise:
+            observers = calibrate(model, targets, batches, progress=progress, histogram=needs_histogram([scheme]),
+                                  hessian=gptq, dtype=calib_dtype, hessian_tokens=hessian_tokens)
+    if layerwise and batches is not None:
+        return _quantize_layerwise(model, targets, batches, scheme, gptq, device=device, progress=progress,
+                                   offload_activations=offload_activations, hessian_tokens=hessian_tokens,
+                                   calib_dtype=calib_dtype)
     with torch.no_grad():
-        return apply_quantization(model, targets, scheme, observers, gptq=gptq)
+        return apply_quantization(model, targets, scheme, observers, gptq=gptq,
+                                  progress=f"GPTQ {scheme.name}" if progress and gptq else None)
+
+
+def _quantize_to_budget(model, targets, calib_data, tokenizer, scheme, gptq, max_kl, *, progress, seq_len, max_samples,
+                        batch_size, calib_dtype, hessian_tokens):
+    """quantize_model's ``max_kl`` path (:mod:`~fp8_linear.calibration.mixed_precision`)."""
+    from tqdm.auto import tqdm
+
+    from . import mixed_precision as mp
+
+    if not (isinstance(max_kl, (int, float)) and not isinstance(max_kl, bool) and max_kl >= 0 and max_kl < float("inf")):
+        raise ValueError(f"max_kl: expected a finite KL budget >= 0 (nats/token), got {max_kl!r}")
+    from .evaluate import is_causal_lm
+
+    if not is_causal_lm(model):
+        raise ValueError(f"max_kl: needs a causal LM (a model returning logits), got {type(model).__name__}")
+    batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size)
+    cal, hold = mp.split_holdout(batches)
+    refs = mp.reference_logprobs(model, hold)
+    observers = calibrate(model, targets, cal, progress=progress, histogram=needs_histogram([scheme]), hessian=gptq,
+                          dtype=calib_dtype, hessian_tokens=hessian_tokens) if (scheme.static or gptq) else None
+    originals = dict(targets)
+    with torch.no_grad():
+        apply_quantization(model, targets, scheme, observers, gptq=gptq)
+    quantized = {n: model.get_submodule(n) for n in originals}
+    report = mp.keep_to_budget(model, quantized, originals, hold, refs, float(max_kl), _set_module)
+    model.fp8_mixed_precision = report
+    if progress:
+        tqdm.write(report.summary())
+    return model
+
+
+def _quantize_layerwise(model, targets, batches, scheme, gptq, *, device, progress, offload_activations, hessian_tokens,
+                        calib_dtype):
+    """quantize_model's ``layerwise`` path: calibrate, GPTQ and swap each decoder layer while it is on ``device``."""
+    from tqdm.auto import tqdm
+
+    from .layerwise import calibrate_layerwise
+
+    if calib_dtype is not None and calib_dtype != next(model.parameters()).dtype:
+        raise ValueError(f"calib_dtype: layerwise calibration runs in the model's dtype, got {calib_dtype} "
+                         f"for a {next(model.parameters()).dtype} model (convert the model instead)")
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else next(model.parameters()).device
+    observers = {n: ActivationObserver(n, needs_histogram([scheme])) for n in targets}
+
+    def on_layer(_i, layer_targets):
+        check_observed({n: observers[n] for n in layer_targets})
+        with torch.no_grad():
+            apply_quantization(model, layer_targets, scheme, observers, gptq=gptq)
+        for n in layer_targets:  # H is large ([in, in] fp64 on the GPU): free it with its layer
+            observers[n].hessian = None
+
+    stats = calibrate_layerwise(_forward_target(model, targets), targets, batches, device=device, observers=observers,
+                                hessian=gptq, hessian_tokens=hessian_tokens, offload_activations=offload_activations,
+                                on_layer=on_layer, progress=progress)
+    if progress and stats["peak_gpu_bytes"] is not None:
+        tqdm.write(f"layerwise calibration: {stats['layers']} layers, peak GPU memory {stats['peak_gpu_bytes'] / 2**30:.2f} GiB")
+    return model
 
 
 def needs_histogram(schemes) -> bool:

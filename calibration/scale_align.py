@@ -85,12 +85,12 @@ def align_weight_scale(w: torch.Tensor, scale: torch.Tensor, h_diag: torch.Tenso
     r = w.detach().to(SCALE_DTYPE) / s  # in grid units: |r| <= fmt_max
     if float(r.abs().max()) > fmt_max(dtype) * (1 + 1e-6):
         raise ValueError("scale: the weight exceeds fmt_max * scale (align a scale that does not clip)")
-    hd = h_diag.detach().to(SCALE_DTYPE).clamp_min(0)
+    hd = h_diag.detach().to(w.device, SCALE_DTYPE).clamp_min(0)
     if granularity != "block" and max_columns is not None and r.shape[1] > max_columns:
         top = torch.topk(hd, max_columns, sorted=False).indices
         r, hd = r[:, top], hd[top]
     hd = hd.unsqueeze(0)
-    best_err = torch.full(scale.shape, float("inf"), dtype=torch.float64)
+    best_err = torch.full(scale.shape, float("inf"), dtype=torch.float64, device=scale.device)
     best = torch.ones_like(scale)
     for g in align_factors(candidates):
         rq = (r / g).to(dtype).to(SCALE_DTYPE).mul_(g)

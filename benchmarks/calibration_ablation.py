@@ -1,0 +1,315 @@
+"""Ablations of every calibration step on SmolLM2-135M, on text disjoint from calibration and from the
+text the defaults are chosen on.
+
+    python benchmarks/calibration_ablation.py [--windows 16] [--variants all] [--log FILE.jsonl]
+
+Three evaluation texts, none of them seen by the calibration (the embedded corpus' ``calib`` split):
+
+- ``choose``: first half of the embedded eval split; the one text on which defaults are chosen;
+- ``report``: second half of the embedded eval split (never used to choose);
+- ``stdlib``: docstrings of standard-library modules (:mod:`fp8_linear.calibration.stdlib_text`),
+  different authors and subject, never used to choose; its SHA-256 is logged.
+
+Each text gives ``--windows`` windows of 512 tokens, evenly spaced over the text. Every model runs in
+bf16 against the unquantized bf16 model. A variant changes one calibration step against the defaults:
+GPTQ on/off, the per-row grid alignment (``calibration/scale_align.py``) on/off, GPTQ damping, act-order,
+the number of tokens in ``H``, calibration windows, the activation observer, and headroom on the static
+activation amax. Each variant's result (perplexity, paired per-window NLL, KL, top-1) is appended to
+``--log`` as one JSON line as soon as it is measured; ``--table`` prints the Markdown table of a log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import datetime
+import gc
+import json
+import math
+import pathlib
+import platform
+import sys
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from fp8_linear.calibration import gptq, scale_align  # noqa: E402
+from fp8_linear.calibration.data import Batch, corpus_text, materialize_batches, text_windows  # noqa: E402
+from fp8_linear.calibration.quantize import apply_quantization, calibrate, select_linears  # noqa: E402
+from fp8_linear.calibration.stdlib_text import stdlib_text, stdlib_text_digest  # noqa: E402
+from fp8_linear.models import load_model  # noqa: E402
+from fp8_linear.scheme import resolve_scheme  # noqa: E402
+
+SEQ_LEN = 512
+TEXTS = ("choose", "report", "stdlib")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One calibration recipe. Defaults = the package defaults at the time of writing."""
+
+    name: str
+    scheme: str
+    gptq: bool = True
+    align: bool = True              # per-row grid alignment (GPTQ recipes with per-channel scales)
+    align_rtn: bool = False         # the alignment without GPTQ (rounded to nearest on the aligned grid)
+    damp: float = 0.01
+    act_order: bool = False
+    calib_windows: int = 32         # calibration windows of 512 tokens (quantize_model's max_samples)
+    h_tokens: int = 4096            # tokens folded into each H (gptq.MAX_TOKENS)
+    act_observer: str = "minmax"
+    act_headroom: float = 1.0       # static activation amax multiplied by this
+
+    def calib_key(self) -> tuple:
+        return (self.calib_windows, self.h_tokens if self.gptq or self.align_rtn else 0, self.act_observer != "minmax")
+
+
+def variants() -> list[Variant]:
+    """The ablation grid, most informative first: each changes one step of the defaults, or one step
+    on top of more tokens in ``H`` (16k: every calibration token)."""
+    c, t, d = "fp8-channel", "fp8-tensor", "fp8-dynamic"
+    return [
+        Variant("T default", t), Variant("C default", c),
+        Variant("T RTN (no GPTQ)", t, gptq=False), Variant("C RTN (no GPTQ)", c, gptq=False),
+        Variant("C GPTQ, no align", c, align=False),
+        Variant("T H 16k tokens", t, h_tokens=16384), Variant("C H 16k tokens", c, h_tokens=16384),
+        Variant("C H 16k, no align", c, align=False, h_tokens=16384),
+        Variant("C RTN + align", c, gptq=False, align_rtn=True),
+        Variant("T H 16k, act-order", t, h_tokens=16384, act_order=True),
+        Variant("C H 16k, act-order", c, h_tokens=16384, act_order=True),
+        Variant("C H 16k, damp 0.1", c, h_tokens=16384, damp=0.1),
+        Variant("T H 16k, act amax x2", t, h_tokens=16384, act_headroom=2.0),
+        Variant("C H 16k, act amax x2", c, h_tokens=16384, act_headroom=2.0),
+        Variant("D default", d), Variant("D RTN (no GPTQ)", d, gptq=False), Variant("D H 16k tokens", d, h_tokens=16384),
+        Variant("D H 16k, no align", d, align=False, h_tokens=16384),
+        Variant("T H 16k, damp 0.1", t, h_tokens=16384, damp=0.1),
+        Variant("C H 16k, no align, act-order", c, align=False, h_tokens=16384, act_order=True),
+    ]
+
+
+def spread_windows(text: str, tok, n: int) -> list[torch.Tensor]:
+    """``n`` windows of :data:`SEQ_LEN` tokens, evenly spaced over all of ``text``'s windows."""
+    wins = text_windows(text, tok, SEQ_LEN)
+    if len(wins) < n:
+        raise ValueError(f"text: expected at least {n} windows of {SEQ_LEN} tokens, got {len(wins)}")
+    return [wins[(i * len(wins)) // n] for i in range(n)]
+
+
+def to_batches(wins: list[torch.Tensor], batch_size: int = 4) -> list[Batch]:
+    out = []
+    for i in range(0, len(wins), batch_size):
+        ids = torch.stack(wins[i:i + batch_size])
+        out.append(Batch(ids, torch.ones_like(ids)))
+    return out
+
+
+def eval_texts(tok, windows: int) -> dict[str, list[Batch]]:
+    texts = {"choose": corpus_text("choose"), "report": corpus_text("report"), "stdlib": stdlib_text()}
+    return {k: to_batches(spread_windows(t, tok, windows)) for k, t in texts.items()}
+
+
+def calibrate_with_snapshots(model, targets, tok, windows: int, h_tokens: list[int]) -> dict:
+    """One calibration over ``windows`` windows; each observer keeps ``hessians[n]`` = a copy of its ``H``
+    after the first ``n`` tokens for every ``n`` in ``h_tokens`` (so one pass serves every H size)."""
+    orig = gptq.HessianAccumulator.update
+
+    def update(self, x):
+        orig(self, x)
+        snaps = self.__dict__.setdefault("snaps", {})
+        for n in h_tokens:
+            if n not in snaps and (self.tokens >= n or self.tokens >= self.max_tokens):
+                snaps[n] = (self.h if n == self.max_tokens else self.h.clone(), self.tokens)
+
+    gptq.HessianAccumulator.update = update
+    try:
+        batches = materialize_batches(None, tok, seq_len=SEQ_LEN, max_samples=windows, batch_size=4)
+        obs = calibrate(model, targets, batches, progress=False, histogram=False, hessian=True, hessian_tokens=max(h_tokens))
+    finally:
+        gptq.HessianAccumulator.update = orig
+    for o in obs.values():
+        h = o.hessian
+        for n in h_tokens:
+            if n not in h.__dict__.get("snaps", {}):
+                h.__dict__.setdefault("snaps", {})[n] = (h.h, h.tokens)
+    return obs
+
+
+def with_hessian(observers: dict, n: int) -> dict:
+    """Copies of the observers whose ``H`` is the snapshot after ``n`` tokens (shared H stay shared)."""
+    made: dict[int, gptq.HessianAccumulator] = {}
+    out = {}
+    for name, o in observers.items():
+        c = copy.copy(o)
+        if id(o.hessian) not in made:
+            h, tokens = o.hessian.snaps[n]
+            acc = gptq.HessianAccumulator(h.shape[0], n)
+            acc.h, acc.tokens = h, tokens
+            made[id(o.hessian)] = acc
+        c.hessian = made[id(o.hessian)]
+        out[name] = c
+    return out
+
+
+def build(model, v: Variant, observers):
+    """A quantized bf16 copy of ``model`` with recipe ``v`` (module constants set for the call)."""
+    old = (gptq.DAMP, gptq.ACT_ORDER, scale_align.ALIGN_CANDIDATES)
+    gptq.DAMP, gptq.ACT_ORDER = v.damp, v.act_order
+    scale_align.ALIGN_CANDIDATES = scale_align.ALIGN_CANDIDATES if v.align else 1
+    try:
+        q = copy.deepcopy(model)
+        scheme = resolve_scheme(v.scheme).with_(activation_observer=v.act_observer)
+        obs = observers
+        if v.act_headroom != 1.0:
+            obs = {n: copy.copy(o) for n, o in observers.items()}
+            for o in obs.values():
+                o.max *= v.act_headroom
+        targets = select_linears(q)
+        if v.align_rtn:  # alignment alone: the aligned per-channel scales, rounded to nearest
+            from fp8_linear.calibration.quantize import _align_scales, _weight_key, prepare_weights
+            key = _weight_key(scheme, False)
+            scales = {key: prepare_weights(targets, [scheme], obs, False)[key][0]}
+            _align_scales(targets, {key: scheme}, scales, obs)
+            cache = {key: (scales[key], {})}
+            with torch.no_grad():
+                return apply_quantization(q, targets, scheme, obs, gptq=False, cache=cache)
+        with torch.no_grad():
+            return apply_quantization(q, targets, scheme, obs, gptq=v.gptq)
+    finally:
+        gptq.DAMP, gptq.ACT_ORDER, scale_align.ALIGN_CANDIDATES = old
+
+
+class Reference:
+    """The unquantized model's next-token log-probabilities on ``batches`` (kept in fp16: one forward
+    of the reference for all variants), and the metrics of a quantized model against them (the same
+    definitions as :func:`fp8_linear.calibration.evaluate.evaluate_models`)."""
+
+    def __init__(self, model, batches: list[Batch]):
+        self.batches = batches
+        self.logp, self.window_nll = [], []
+        with torch.inference_mode():
+            for b in batches:
+                lp = torch.log_softmax(model(input_ids=b.input_ids).logits[:, :-1].float(), -1)
+                self.window_nll += (-lp.gather(-1, b.input_ids[:, 1:, None]).squeeze(-1).double().mean(-1)).tolist()
+                self.logp.append(lp.half())
+
+    def compare(self, q) -> dict:
+        from fp8_linear.backends.emulated import weight_cache
+
+        nll, kl, agree, count = [], 0.0, 0, 0
+        with torch.inference_mode(), weight_cache():
+            for b, ref in zip(self.batches, self.logp):
+                lp = torch.log_softmax(q(input_ids=b.input_ids).logits[:, :-1].float(), -1)
+                nll += (-lp.gather(-1, b.input_ids[:, 1:, None]).squeeze(-1).double().mean(-1)).tolist()
+                r = ref.float()
+                kl += float(torch.sub(r, lp).mul_(r.exp()).sum())
+                agree += int((lp.argmax(-1) == r.argmax(-1)).sum())
+                count += lp.shape[0] * lp.shape[1]
+        base = self.window_nll
+        d = [x - y for x, y in zip(nll, base)]
+        mean = sum(d) / len(d)
+        se = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
+        ppl, base_ppl = math.exp(sum(nll) / len(nll)), math.exp(sum(base) / len(base))
+        ratio = ppl / base_ppl
+        return {"ppl": ppl, "base_ppl": base_ppl, "ppl_delta_pct": 100 * (ratio - 1), "ppl_delta_se_pct": 100 * ratio * se,
+                "kl": kl / count, "top1": agree / count, "window_nll": nll, "base_window_nll": base}
+
+
+def run(args) -> None:
+    t_start = time.time()
+    model, tok = load_model(None)
+    model = model.to(torch.bfloat16).eval()
+    texts = eval_texts(tok, args.windows)
+    wanted = variants() if args.variants == "all" else [v for v in variants() if v.name in args.variants.split(";")]
+    done = set()
+    log = pathlib.Path(args.log)
+    if log.exists():
+        done = {json.loads(line)["variant"] for line in log.read_text().splitlines() if line.strip()}
+    wanted = [v for v in wanted if v.name not in done]
+    header = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cpu": platform.processor() or platform.machine(),
+              "python": platform.python_version(), "torch": torch.__version__, "stdlib_sha256": stdlib_text_digest(),
+              "windows_per_text": args.windows, "seq_len": SEQ_LEN, "dtype": "bfloat16"}
+    print(json.dumps(header), flush=True)
+    targets = select_linears(model)
+    t0 = time.time()
+    ref = {k: Reference(model, b) for k, b in texts.items()}
+    print(f"reference evaluated in {time.time() - t0:.0f} s", flush=True)
+    t0 = time.time()
+    observers = calibrate_with_snapshots(model, targets, tok, max(v.calib_windows for v in wanted),
+                                         sorted({v.h_tokens for v in wanted}))
+    print(f"calibrated in {time.time() - t0:.0f} s", flush=True)
+    for v in wanted:
+        t0 = time.time()
+        q = build(model, v, with_hessian(observers, v.h_tokens))
+        t_build = time.time() - t0
+        rec = {"variant": v.name, **dataclasses.asdict(v), **header, "build_s": round(t_build, 1)}
+        for text, batches in texts.items():
+            rec[text] = ref[text].compare(q)
+        rec["eval_s"] = round(time.time() - t0 - t_build, 1)
+        with log.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        print(f"{v.name:40s} " + "  ".join(f"{t} {rec[t]['ppl_delta_pct']:+.3f}+-{rec[t]['ppl_delta_se_pct']:.3f}"
+                                          for t in TEXTS) + f"  ({t_build:.0f}+{rec['eval_s']:.0f} s)", flush=True)
+        del q
+        gc.collect()
+    print(f"total {time.time() - t_start:.0f} s", flush=True)
+
+
+def paired_se_pct(a: list[float], b: list[float], base: list[float]) -> tuple[float, float]:
+    """(difference in ppl-vs-base points between a and b, its paired standard error), from per-window NLLs."""
+    d = [x - y for x, y in zip(a, b)]
+    mean = sum(d) / len(d)
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
+    nb = sum(base) / len(base)
+    ra, rb = math.exp(sum(a) / len(a) - nb), math.exp(sum(b) / len(b) - nb)
+    return 100 * (ra - rb), 100 * rb * math.exp(mean) * se
+
+
+def table(log: str) -> str:
+    recs = [json.loads(line) for line in pathlib.Path(log).read_text().splitlines() if line.strip()]
+    lines = ["| variant | " + " | ".join(f"{t} ppl % (+-SE) | {t} KL" for t in TEXTS) + " |",
+             "|---|" + "---|---|" * len(TEXTS)]
+    for r in recs:
+        lines.append(f"| {r['variant']} | " + " | ".join(
+            f"{r[t]['ppl_delta_pct']:+.2f} ({r[t]['ppl_delta_se_pct']:.2f}) | {r[t]['kl']:.4f}" for t in TEXTS) + " |")
+    by = {r["variant"]: r for r in recs}
+    pairs = [(c, t) for c, t in (("C default", "T default"), ("C H 16k tokens", "T H 16k tokens"),
+                                 ("C 128 windows, H 64k", "T 128 windows, H 64k"),
+                                 ("C 128 windows, H 64k, no align", "T 128 windows, H 64k"),
+                                 ("C RTN (no GPTQ)", "T RTN (no GPTQ)")) if c in by and t in by]
+    if pairs:
+        lines += ["", "| fp8-channel minus fp8-tensor (ppl points, paired SE) | " + " | ".join(TEXTS) + " |",
+                  "|---|" + "---|" * len(TEXTS)]
+        for c, t in pairs:
+            cells = []
+            for x in TEXTS:
+                d, se = paired_se_pct(by[c][x]["window_nll"], by[t][x]["window_nll"], by[t][x]["base_window_nll"])
+                cells.append(f"{d:+.2f} ({se:.2f})")
+            lines.append(f"| {c} - {t} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--windows", type=int, default=8, help="eval windows of 512 tokens per text")
+    ap.add_argument("--variants", default="all", help="'all' or variant names separated by ';'")
+    ap.add_argument("--log", default="benchmarks/results/calibration_ablation_smollm2_cpu_20261201.jsonl")
+    ap.add_argument("--table", action="store_true", help="print the Markdown table of --log and exit")
+    ap.add_argument("--list", action="store_true", help="list the variants and exit")
+    args = ap.parse_args()
+    if args.list:
+        print("\n".join(v.name for v in variants()))
+        return 0
+    if args.table:
+        print(table(args.log))
+        return 0
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
