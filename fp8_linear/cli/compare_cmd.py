@@ -9,7 +9,7 @@ import time
 
 from .checks import check_model, check_output_folder, require_positive
 from .common import EXIT_OK, CLIError, result, show_progress
-from .data import DATA_HELP, read_data
+from .data import BUNDLED_DATA, DATA_HELP, read_data
 from .eval_cmd import eval_batches_checked, fit_length
 from .loading import load
 from .options import DEFAULT_EVAL_WINDOWS, DEFAULT_SEQ_LEN, MODEL_HELP, PRESET_NAMES, WINDOWS_HELP, add_calib_options, add_run_options, scheme_of, torch_dtype
@@ -17,6 +17,8 @@ from .quantize_cmd import check_calib_args
 from .threads import set_threads
 
 DEFAULT_OUTPUT_DIR = "fp8-compare"
+#: How the plots' titles name the default model.
+BUNDLED_DESCRIPTION = "smollm2 (bundled SmolLM2-135M-Instruct, dequantized GGUF Q4_1)"
 #: Calibration samples of the main job (fewer than ``quantize``'s: it also evaluates five models).
 DEFAULT_COMPARE_SAMPLES = 16
 FLAGS = {"calib_data": "--calib", "eval_data": "--data", "model": "--model", "ignore": "--ignore",
@@ -50,9 +52,12 @@ def run(args) -> int:
         model, data, schemes, calib, tokenizer=tok, ignore=tuple(args.ignore),
         max_samples=args.samples, seq_len=seq_len, batch_size=args.batch_size, eval_windows=args.windows,
         eval_seq_len=eval_len, gptq=not args.no_gptq, save_reload=not args.no_save_reload,
-        checkpoint_dir=args.checkpoints, output_dir=args.output, progress=show_progress(),
+        checkpoint_dir=args.checkpoints, output_dir=None, progress=show_progress(),
         calib_dtype=torch_dtype(args.calib_dtype),
     )
+    table.notes["model"] = args.model or BUNDLED_DESCRIPTION
+    table.notes["eval_data"] = args.data if args.data not in (None, BUNDLED_DATA) else table.notes.get("eval_data")
+    table.notes["files"] = table.save(args.output)
     result(str(table))
     files = ", ".join(table.notes.get("files", {}).values())
     result(f"\nbaseline: the unquantized model in {table.notes['eval_dtype']}; wrote {files}; "

@@ -99,3 +99,18 @@ def test_error_in_a_fresh_process_is_one_line(tmp_path):
 def test_usage_error_keeps_exit_code_2():
     r = cli("eval", "--seq-len", "many")
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("fp8-linear eval: error: argument --seq-len")
+
+
+def test_gptq_pass_has_a_progress_bar_labelled_with_the_preset(tiny_llama_dir, text_file, tmp_path, capsys):
+    assert main(["quantize", "--model", str(tiny_llama_dir), "--scheme", "fp8-dynamic", "--calib", str(text_file),
+                 "--samples", "8", "--seq-len", "32", "-o", str(tmp_path / "o")]) == EXIT_OK
+    err = capsys.readouterr().err
+    assert "calibrating" in err and "GPTQ fp8-dynamic" in err
+
+
+def test_quiet_quantize_has_no_bars(tiny_llama_dir, text_file, tmp_path, capsys):
+    assert main(["quantize", "--model", str(tiny_llama_dir), "--calib", str(text_file),
+                 "--samples", "8", "--seq-len", "32", "-o", str(tmp_path / "o"), "-q"]) == EXIT_OK
+    cap = capsys.readouterr()
+    assert "GPTQ" not in cap.err and "calibrating" not in cap.err
+    assert cap.out.startswith("quantized 14 Linear layers with fp8-channel")
