@@ -389,6 +389,9 @@ def quantize_model(
         if not layerwise:
             observers = calibrate(model, targets, batches, progress=progress, histogram=needs_histogram([scheme]),
                                   hessian=gptq, dtype=calib_dtype, hessian_tokens=hessian_tokens)
+    from .experts import quantize_experts  # fused MoE experts (docs/moe.md); a no-op without them
+
+    quantize_experts(model, scheme, batches, ignore=ignore, progress=progress)
     if layerwise and batches is not None:
         return _quantize_layerwise(model, targets, batches, scheme, gptq, device=device, progress=progress,
                                    offload_activations=offload_activations, hessian_tokens=hessian_tokens,
