@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import os
 import shutil
 import tempfile
@@ -46,6 +47,26 @@ from .report import ComparisonTable
 #: Encoders: sentences of the eval split used for embedding cosine, and their max length.
 ENCODER_EVAL_SAMPLES = 64
 ENCODER_EVAL_SEQ_LEN = 128
+
+
+def preset_gap(table: ComparisonTable, a: str, b: str) -> tuple[float, float]:
+    """``(gap, se)``: how far preset ``a``'s perplexity is above preset ``b``'s, in points of the
+    "ppl vs base %" column, and the paired standard error of that gap (both evaluated on the same
+    windows by one :func:`compare_schemes` call; causal LMs only). Raises ``KeyError`` naming a
+    preset the table does not hold."""
+    nll = table.notes.get("window_nll", {})
+    for name in (a, b):
+        if name not in nll:
+            raise KeyError(f"preset {name!r}: not in the table's per-window NLLs (have {sorted(nll)})")
+    base = table.rows[0]["scheme"]
+    d = [x - y for x, y in zip(nll[a], nll[b])]
+    if len(d) < 2:
+        raise ValueError(f"preset_gap: needs at least 2 eval windows, got {len(d)}")
+    mean = sum(d) / len(d)
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
+    nb = sum(nll[base]) / len(nll[base])
+    ra, rb = math.exp(sum(nll[a]) / len(d) - nb), math.exp(sum(nll[b]) / len(d) - nb)
+    return 100.0 * (ra - rb), 100.0 * ra * se
 
 
 def _baseline_name(model: nn.Module) -> str:
@@ -154,7 +175,8 @@ def compare_schemes(
         raise ValueError(f"schemes: expected distinct scheme names, got {names}")
     dtype = next(model.parameters()).dtype
     targets = select_linears(model, ignore)
-    notes = {"eval_dtype": str(dtype).replace("torch.", ""), "calib_dtype": str(calib_dtype or dtype).replace("torch.", ""),
+    notes = {"eval_data": "bundled eval split (pydoc_data)" if eval_data is None else None,
+             "eval_dtype": str(dtype).replace("torch.", ""), "calib_dtype": str(calib_dtype or dtype).replace("torch.", ""),
              "gptq": gptq, "schemes": {s.name: s.__dict__ for s in schemes}}
     observers, t_cal = None, 0.0
     if gptq or any(s.static for s in schemes):
@@ -171,7 +193,8 @@ def compare_schemes(
     quantized, extra, weight_cache = {}, {}, {}
     t0 = time.perf_counter()
     with torch.no_grad():  # every preset's weight scales and GPTQ rounding, in one pass
-        prepare_weights(targets, schemes, observers, gptq, weight_cache)
+        prepare_weights(targets, schemes, observers, gptq, weight_cache,
+                        progress=f"GPTQ {', '.join(names)}" if progress and gptq else None)
     t_weights = time.perf_counter() - t0
     notes["weights_s"] = round(t_weights, 2)
     try:
@@ -194,6 +217,10 @@ def compare_schemes(
             # calibration and the weight pass are shared: each preset is charged all of both
             extra[s.name]["quantize_s"] += t_weights + (t_cal if observers else 0.0)
             quantized[s.name] = q
+        # evaluation needs neither the calibration statistics nor the rounded fp32 weights: free them
+        # first (about 3 GB for SmolLM2-135M: the Hessians and three GPTQ weight recipes)
+        observers = None
+        weight_cache.clear()
         base = _baseline_name(model)
         results = evaluate_models({base: model, **quantized}, base, eb, progress=progress)
     finally:
@@ -214,6 +241,8 @@ def compare_schemes(
         if r.layer_sqnr_db:
             table.layer_sqnr_db[name] = r.layer_sqnr_db
     notes["eval_tokens_or_samples"] = results[base].tokens
+    if base_ppl is not None:  # per-window NLL of every row: paired differences between any two presets
+        notes["window_nll"] = {name: r.window_nll for name, r in results.items()}
     if output_dir is not None:
         notes["files"] = table.save(output_dir)
     return table
