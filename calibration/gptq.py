@@ -75,11 +75,11 @@ class HessianAccumulator:
             prev = torch.backends.cuda.matmul.allow_tf32
             torch.backends.cuda.matmul.allow_tf32 = True
             try:
-                self.h += (x.t() @ x).double()
+                self.h.add_(x.t() @ x)  # fp32 -> fp64 inside the add: no fp64 temporary
             finally:
                 torch.backends.cuda.matmul.allow_tf32 = prev
         else:
-            self.h += (x.t() @ x).double()
+            self.h.add_(x.t() @ x)
         self.tokens += x.shape[0]
 
     def to(self, device) -> "HessianAccumulator":
@@ -132,14 +132,17 @@ def inverse_factor(h: torch.Tensor, damp: float | None = None) -> tuple[torch.Te
     triangular inverse (``U`` has a positive diagonal, so it *is* the Cholesky factor of ``H^-1``).
     """
     damp = DAMP if damp is None else damp
-    h = h.clone()
     dead = torch.diag(h) == 0
-    h[dead, dead] = 1.0
-    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
-    h += eye * (damp * torch.diag(h).mean())
-    low = torch.linalg.cholesky(h.flip(0, 1))
-    u = torch.linalg.solve_triangular(low, eye, upper=False).flip(0, 1)
-    return u.to(SCALE_DTYPE), dead
+    h = h.flip(0, 1)  # a copy; at most three [in, in] fp64 matrices are alive at a time (GPU memory)
+    d = torch.diagonal(h)  # the flip keeps the diagonal on the diagonal, reversed
+    d[dead.flip(0)] = 1.0
+    d += damp * d.mean()
+    low = torch.linalg.cholesky(h)
+    del h, d
+    eye = torch.eye(low.shape[0], dtype=low.dtype, device=low.device)
+    u = torch.linalg.solve_triangular(low, eye, upper=False)
+    del low, eye
+    return u.flip(0, 1).to(SCALE_DTYPE), dead
 
 
 def gptq_fp8(w: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, fmt: str | torch.dtype = "e4m3",

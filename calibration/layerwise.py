@@ -4,8 +4,9 @@ A model larger than the GPU's memory calibrates on one GPU the way llm-compresso
 pipeline does it:
 
 1. everything of the base model outside the decoder stack (embeddings, rotary embedding, final norm)
-   moves to ``device``; one forward per batch stops at the first decoder layer (a pre-hook captures
-   its hidden states and keyword arguments: attention mask, position embeddings, ...);
+   moves to ``device`` for a moment: one forward per batch stops at the first decoder layer (a pre-hook
+   captures its hidden states and keyword arguments: attention mask, position embeddings, ...), then
+   they move back;
 2. for each decoder layer in turn: the layer moves to ``device``, every batch's hidden states run
    through it with observer hooks on its Linear targets (the same :class:`~.hooks.ObserverHooks` as the
    all-at-once path), its outputs become the next layer's inputs, ``on_layer`` runs (e.g. GPTQ and the
@@ -77,10 +78,7 @@ def _move_outside(base: nn.Module, layers: nn.ModuleList, device) -> list[tuple[
         tensors = list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False))
         if tensors and tensors[0].device != torch.device(device):
             moved.append((mod, tensors[0].device))
-            for p in mod.parameters(recurse=False):
-                p.data = p.data.to(device)
-            for name, buf in mod.named_buffers(recurse=False):
-                setattr(mod, name, buf.to(device))
+            _move_outside_one(mod, device)
     return moved
 
 
@@ -161,14 +159,18 @@ def calibrate_layerwise(
     per_layer = _layer_targets(layers, targets)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    moved = _move_outside(base, layers, device)
     was_training = base.training
     base.eval()
     masks = [None if bool(b.attention_mask.bool().all()) else b.attention_mask.reshape(-1).bool().to(device) for b in batches]
     bar = tqdm(total=len(layers), desc="calibrating layers", unit="layer", disable=not progress)
     try:
         with torch.inference_mode():
-            states = capture_layer_inputs(base, layers, batches, device, store)
+            moved = _move_outside(base, layers, device)  # embeddings etc.: on the device for the capture only
+            try:
+                states = capture_layer_inputs(base, layers, batches, device, store)
+            finally:
+                for mod, dev in moved:
+                    _move_outside_one(mod, dev)
             for i, layer in enumerate(layers):
                 home = next(layer.parameters()).device
                 layer.to(device)
@@ -191,14 +193,13 @@ def calibrate_layerwise(
                 bar.update(1)
     finally:
         bar.close()
-        for mod, dev in moved:
-            _move_outside_one(mod, dev)
         base.train(was_training)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return {"layers": len(layers), "peak_gpu_bytes": peak}
 
 
 def _move_outside_one(mod: nn.Module, device) -> None:
+    """Move ``mod``'s own parameters (in place: tied weights follow) and buffers to ``device``."""
     for p in mod.parameters(recurse=False):
         p.data = p.data.to(device)
     for name, buf in mod.named_buffers(recurse=False):
