@@ -250,3 +250,59 @@ def test_unexpected_error_is_one_line(tiny_llama_dir, tmp_path, capsys):
     (bad / "config.json").write_text(json.dumps(cfg))
     assert main(["eval", str(bad), "-q"]) == EXIT_ERROR
     one_error_line(capsys, "eval")
+
+
+# ------------------------------------------------------------------ inspect on odd folders
+def _shard(path, header: bytes, data: bytes = b"") -> None:
+    import struct
+
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+
+
+@pytest.mark.parametrize("make, needles", [
+    (lambda d: (d / "x.safetensors").write_bytes(b"\x01\x02"), ("truncated",)),
+    (lambda d: _shard(d / "x.safetensors", b"[1, 2]"), ("JSON list",)),
+    (lambda d: _shard(d / "x.safetensors", b"{not json"), ("not JSON",)),
+    (lambda d: _shard(d / "x.safetensors", b'{"w": {"dtype": "F32", "shape": [2], "data_offsets": ["0", "8"]}}', b"\0" * 8),
+     ("'w'", "data_offsets")),
+    (lambda d: _shard(d / "x.safetensors", b'{"w": {"dtype": "F32", "shape": ["2"], "data_offsets": [0, 8]}}', b"\0" * 8),
+     ("'w'", "shape")),
+    (lambda d: _shard(d / "x.safetensors", b'{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}', b"\0" * 8),
+     ("'w'", "inside the 8 data bytes")),
+    (lambda d: _shard(d / "x.safetensors", b'{"w": "F32"}'), ("'w'", "dtype")),
+    (lambda d: (d / "y.safetensors").mkdir(), ("no .safetensors files", "not regular files")),
+    (lambda d: os.mkfifo(d / "z.safetensors"), ("no .safetensors files", "not regular files")),
+    (lambda d: None, ("no .safetensors files",)),
+])
+def test_inspect_odd_folders(make, needles, tmp_path, capsys):
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    make(d)
+    assert main(["inspect", str(d)]) == EXIT_ERROR
+    one_error_line(capsys, "inspect", "CHECKPOINT", *needles)
+
+
+def test_inspect_odd_configs(tmp_path, capsys):
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    _shard(d / "model.safetensors", b'{"w": {"dtype": "F8_E4M3", "shape": [2, 2], "data_offsets": [0, 4]}}', b"\0" * 4)
+    (d / "config.json").write_text("[1, 2]")
+    assert main(["inspect", str(d)]) == EXIT_ERROR
+    one_error_line(capsys, "inspect", "config.json", "JSON list")
+    (d / "config.json").write_bytes(b"\xff\xfe")
+    assert main(["inspect", str(d)]) == EXIT_ERROR
+    one_error_line(capsys, "inspect", "config.json")
+    # fields of the wrong type are reported as they are, not crashed on
+    (d / "config.json").write_text(json.dumps({"architectures": "Llama", "quantization_config": ["fp8"]}))
+    assert main(["inspect", str(d)]) == 0
+    assert "not an object" in capsys.readouterr().out
+    (d / "config.json").write_text(json.dumps({"quantization_config": {"config_groups": {"g": ["x"]}, "ignore": 3}}))
+    assert main(["inspect", str(d), "--tensors"]) == 0
+    out = capsys.readouterr().out
+    assert "F8_E4M3" in out and "g: targets=None" in out
+
+
+def test_inspect_a_file(tmp_path, capsys):
+    (tmp_path / "f.safetensors").write_bytes(b"12345678")
+    assert main(["inspect", str(tmp_path / "f.safetensors")]) == EXIT_ERROR
+    one_error_line(capsys, "inspect", "CHECKPOINT", "is a file")
