@@ -130,7 +130,11 @@ class FP8Linear(nn.Module):
             raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
         if x.dtype not in ACT_DTYPES:
             raise TypeError(f"x: expected dtype bfloat16/float16/float32, got {x.dtype}")
-        if x.shape[-1:] != (self.in_features,):
+        try:
+            k = x.shape[-1]
+        except IndexError:  # a 0-d tensor
+            k = None
+        if k != self.in_features:
             raise ShapeError(f"x: expected last dimension {self.in_features}, got shape {list(x.shape)}")
         w = self._parameters["weight"]
         if x.device != w.device:

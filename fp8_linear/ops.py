@@ -14,7 +14,8 @@ op                                  meaning
 ``emulated_gemm(a, b, sa, sb, ...)`` the emulated backend's GEMM (dequantize, fp32 matmul)
 ``cublaslt_gemm(a, b, sa, sb, ...)`` the cuBLASLt backend's GEMM (``torch._scaled_mm`` / ``scaled_mm``)
 ``sm90_linear(x, w, si, sw, b, m)`` the sm90 backend's whole linear: activation quantization (mode 0 static,
-                                    1 per token, 2 1x128 groups) + our GEMM, ``[..., K] -> [..., N]``
+                                    1 per token, 2 1x128 groups) + our GEMM (``block``: 128x128 weight
+                                    blocks), ``[..., K] -> [..., N]``
 =================================== ==========================================================================
 
 Each op's Python wrapper below calls the implementation directly in eager mode (no dispatcher
@@ -39,7 +40,7 @@ _SCHEMAS = {
     "cublaslt_gemm": ("cublaslt_gemm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, "
                       "ScalarType out_dtype) -> Tensor"),
     "sm90_linear": ("sm90_linear(Tensor x, Tensor weight, Tensor? input_scale, Tensor weight_scale, Tensor? bias, "
-                    "int mode) -> Tensor"),
+                    "int mode, bool block=False) -> Tensor"),
 }
 
 
@@ -68,10 +69,10 @@ def _cublaslt_gemm_impl(a, b, scale_a, scale_b, bias, out_dtype):
     return cublaslt_gemm(a, b, scale_a, scale_b, bias, out_dtype)
 
 
-def _sm90_linear_impl(x, weight, input_scale, weight_scale, bias, mode):
+def _sm90_linear_impl(x, weight, input_scale, weight_scale, bias, mode, block=False):
     from .backends.sm90 import sm90_linear
 
-    return sm90_linear(x, weight, input_scale, weight_scale, bias, mode)
+    return sm90_linear(x, weight, input_scale, weight_scale, bias, mode, block)
 
 
 # ---------------------------------------------------------------- fake (meta) implementations
@@ -88,7 +89,7 @@ def _gemm_fake(a, b, scale_a, scale_b, bias, out_dtype):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
-def _sm90_linear_fake(x, weight, input_scale, weight_scale, bias, mode):
+def _sm90_linear_fake(x, weight, input_scale, weight_scale, bias, mode, block=False):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -119,7 +120,7 @@ def _register() -> None:
 
 _register()
 _ops = torch.ops.fp8_linear
-_compiling = torch.compiler.is_compiling
+_compiling = torch.compiler.is_dynamo_compiling
 
 
 # ---------------------------------------------------------------- callers: eager -> impl, traced -> op
@@ -151,11 +152,11 @@ def cublaslt_gemm(a, b, scale_a, scale_b, bias, out_dtype: torch.dtype) -> torch
     return _cublaslt_gemm_impl(a, b, scale_a, scale_b, bias, out_dtype)
 
 
-def sm90_linear(x, weight, input_scale, weight_scale, bias, mode: int) -> torch.Tensor:
+def sm90_linear(x, weight, input_scale, weight_scale, bias, mode: int, block: bool = False) -> torch.Tensor:
     """The sm90 backend's linear (``fp8_linear.backends.sm90.sm90_linear``) as an op."""
     if _compiling():
-        return _ops.sm90_linear(x, weight, input_scale, weight_scale, bias, mode)
-    return _sm90_linear_impl(x, weight, input_scale, weight_scale, bias, mode)
+        return _ops.sm90_linear(x, weight, input_scale, weight_scale, bias, mode, block)
+    return _sm90_linear_impl(x, weight, input_scale, weight_scale, bias, mode, block)
 
 
 __all__ = ["NAMESPACE", "cublaslt_gemm", "emulated_gemm", "quantize_dynamic", "quantize_static", "sm90_linear"]

@@ -111,6 +111,8 @@ class LinearSpec:
     activation_kind: str
     bias_dtype: torch.dtype | None
     device: torch.device
+    #: The activation quantization mode (:data:`MODE_STATIC` / :data:`MODE_TOKEN` / :data:`MODE_GROUP`).
+    mode: int = MODE_STATIC
 
     @classmethod
     def of(cls, layer) -> "LinearSpec":
@@ -124,12 +126,7 @@ class LinearSpec:
         else:
             wk = SCALE_BLOCK
         ak = SCALE_TENSOR if p.get("input_scale") is not None else layer.scheme.activation_granularity
-        return cls(n, k, w.dtype, wk, ak, None if bias is None else bias.dtype, w.device)
-
-    @property
-    def mode(self) -> int:
-        """The activation quantization mode (:data:`MODE_STATIC` / :data:`MODE_TOKEN` / :data:`MODE_GROUP`)."""
-        return ACT_MODES[self.activation_kind]
+        return cls(n, k, w.dtype, wk, ak, None if bias is None else bias.dtype, w.device, ACT_MODES[ak])
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ MAX_CACHED_CONFIGS = 4096
 _FMT_CODE = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1}
 _FMT_MAX = {dt: fmt_max(dt) for dt in _FP8}
 
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
 _ext = None
 _ext_lock = threading.Lock()
 _configs: dict[tuple, tuple[int, int]] = {}
@@ -83,8 +84,9 @@ def extension():
 
 
 def _choice(m: int, n: int, k: int, mode: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(config id, split-K factor) for a linear call, chosen as ``sm90_gemm_out`` would and kept."""
-    key = (m, n, k, mode, dtype)
+    """(config id, split-K factor) for a linear call of ``m`` tokens, chosen as ``sm90_gemm_out`` would
+    and kept under the key ``(m * k, n, k, mode, dtype)`` (the input's element count: no division per call)."""
+    key = (m * k, n, k, mode, dtype)
     hit = _configs.get(key)
     if hit is None:
         if len(_configs) >= MAX_CACHED_CONFIGS:  # many distinct prompt lengths: keep the cache bounded
@@ -98,23 +100,29 @@ def _choice(m: int, n: int, k: int, mode: int, dtype: torch.dtype) -> tuple[int,
     return hit
 
 
-def sm90_linear(x, weight, input_scale, weight_scale, bias, mode: int) -> torch.Tensor:
+def sm90_linear(x, weight, input_scale, weight_scale, bias, mode: int, block: bool = False) -> torch.Tensor:
     """``FP8Linear`` on the sm90 kernel: ``x`` ``[..., K]`` (bf16/fp16/fp32, CUDA) -> ``[..., N]`` in x's dtype.
 
     weight ``[N, K]`` FP8 (K % 16 == 0, contiguous); weight_scale fp32 contiguous ``[1]`` / ``[N, 1]``
-    or blocks ``[ceil(N/128), ceil(K/128)]``; input_scale fp32 ``[1]`` (mode 0) or None; bias ``[N]``
-    fp32/bf16/fp16 or None; mode 0 static, 1 per token, 2 1x128 groups. Activations are quantized
-    to the weight's FP8 format.
+    or, with ``block``, 128x128 blocks ``[ceil(N/128), ceil(K/128)]``; input_scale fp32 ``[1]`` (mode 0)
+    or None; bias ``[N]`` fp32/bf16/fp16 or None; mode 0 static, 1 per token, 2 1x128 groups (with
+    ``block``). Activations are quantized to the weight's FP8 format.
     """
     n, k = weight.shape
-    if x.numel() == 0:
+    return _linear(x, weight, input_scale, weight_scale, bias, mode, block, n, k)
+
+
+def _linear(x, weight, input_scale, weight_scale, bias, mode: int, block: bool, n: int, k: int) -> torch.Tensor:
+    """:func:`sm90_linear` with ``weight``'s ``[N, K]`` given (the layer's plan knows them: no shape reads per call)."""
+    numel = x.numel()
+    if numel == 0:
         out = x.new_zeros((*x.shape[:-1], n))
         return out if bias is None else out + bias.to(x.dtype)
-    if x.stride(-1) != 1:
+    if not x.is_contiguous() and x.stride(-1) != 1:
         x = x.contiguous()
     ext = _ext if _ext is not None else extension()
     fp8 = weight.dtype
-    if mode == MODE_GROUP or (weight_scale.dim() == 2 and weight_scale.shape[1] > 1):
+    if block:
         # Fine-grained scales: one quantization pass (1x128 groups; or a static / per-token scale
         # spread over the groups), then the block-scaled GEMM.
         x2 = x.reshape(-1, k)
@@ -125,8 +133,12 @@ def sm90_linear(x, weight, input_scale, weight_scale, bias, mode: int) -> torch.
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
         kernels_module().sm90_gemm_out(q, weight, sa, weight_scale, bias, out)
         return out.reshape(*x.shape[:-1], n)
-    config, splits = _choice(x.numel() // k, n, k, mode, x.dtype)
-    return ext.linear_fwd(x, weight, input_scale, weight_scale, bias, mode, config, _FMT_MAX[fp8], MIN_SCALE, splits)
+    dtype = x.dtype
+    choice = _configs.get((numel, n, k, mode, dtype))
+    if choice is None:
+        choice = _choice(numel // k, n, k, mode, dtype)
+    return ext.linear_fwd(x, weight, input_scale, weight_scale, bias, mode, choice[0], _FMT_MAX[fp8], MIN_SCALE,
+                          choice[1])
 
 
 class Sm90Backend(Backend):
@@ -246,7 +258,9 @@ class Sm90Backend(Backend):
 
     def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
         p = layer._parameters
-        mode = layer._plan.spec.mode
-        if torch.compiler.is_compiling():
-            return torch.ops.fp8_linear.sm90_linear(x, p["weight"], p["input_scale"], p["weight_scale"], p["bias"], mode)
-        return sm90_linear(x, p["weight"], p["input_scale"], p["weight_scale"], p["bias"], mode)
+        spec = layer._plan.spec
+        if _dynamo_compiling():
+            return torch.ops.fp8_linear.sm90_linear(x, p["weight"], p["input_scale"], p["weight_scale"], p["bias"],
+                                                    spec.mode, spec.weight_kind == SCALE_BLOCK)
+        return _linear(x, p["weight"], p["input_scale"], p["weight_scale"], p["bias"], spec.mode,
+                       spec.weight_kind == SCALE_BLOCK, spec.n, spec.k)
