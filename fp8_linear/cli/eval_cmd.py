@@ -63,7 +63,7 @@ def eval_batches_checked(model, data, tok, seq_len: int | None, windows: int, da
 
 
 def run(args) -> int:
-    from fp8_linear.calibration.evaluate import evaluate_models
+    from fp8_linear.calibration.evaluate import evaluate_models, is_causal_lm
 
     require_positive(args, "windows", "seq_len")
     check_model(args.model, MODEL_FLAG)
@@ -74,6 +74,9 @@ def run(args) -> int:
         check_output_file(args.json, "--json")
     set_threads(args.threads)
     model, tok = load(args.model, args.dtype, MODEL_FLAG)
+    if not args.reference and not is_causal_lm(model):
+        raise CLIError(f"{REF_FLAG}: {args.model!r} is an encoder ({type(model).__name__}): its metric, the embedding "
+                       "cosine, compares it with a reference; give the unquantized model as --reference")
     models = {"model": model}
     if args.reference:
         ref, ref_tok = load(args.reference, args.dtype, REF_FLAG)

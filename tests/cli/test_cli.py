@@ -121,3 +121,21 @@ def test_help_runs_as_console_script():
     assert r.returncode == 0 and "fp8-linear compare" in r.stdout and "fp8-channel" in r.stdout
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == EXIT_USAGE
+
+
+def test_encoder_quantize_and_eval_against_its_reference(text_file, tmp_path, capsys):
+    from calib_helpers import make_word_tokenizer
+    from transformers import BertConfig, BertModel
+
+    ref = tmp_path / "bert"
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=128)).save_pretrained(ref)
+    make_word_tokenizer().save_pretrained(ref)
+    out = tmp_path / "bert-fp8"
+    assert main(["quantize", "--model", str(ref), "--scheme", "fp8-dynamic", "--calib", str(text_file), "--samples", "4",
+                 "--seq-len", "32", "-o", str(out), "-q"]) == EXIT_OK
+    js = tmp_path / "m.json"
+    assert main(["eval", str(out), "--reference", str(ref), "--data", str(text_file), "--json", str(js), "-q"]) == EXIT_OK
+    m = json.loads(js.read_text())["model"]
+    assert 0.99 < m["embedding_cosine"] <= 1.0 + 1e-9 and "perplexity" not in m

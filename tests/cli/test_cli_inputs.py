@@ -306,3 +306,13 @@ def test_inspect_a_file(tmp_path, capsys):
     (tmp_path / "f.safetensors").write_bytes(b"12345678")
     assert main(["inspect", str(tmp_path / "f.safetensors")]) == EXIT_ERROR
     one_error_line(capsys, "inspect", "CHECKPOINT", "is a file")
+
+
+def test_encoder_alone_needs_a_reference(tmp_path, capsys):
+    from transformers import BertConfig, BertModel
+
+    d = tmp_path / "bert"
+    BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32)).save_pretrained(d)
+    assert main(["eval", str(d), "-q"]) == EXIT_ERROR
+    one_error_line(capsys, "eval", "--reference", "encoder")
