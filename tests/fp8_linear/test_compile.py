@@ -91,12 +91,13 @@ GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 
 
 def _gpu_layer_or_skip(fp8_env, backend: str, preset: str, k: int = 1024, n: int = 768) -> FP8Linear:
-    fp8_env(FP8_LINEAR_BACKEND=None)
+    """An ``FP8Linear`` on the GPU forced onto ``backend`` (made under the forced setting, so that no other
+    backend is asked, or built); skipped with the backend's reason where it cannot run the preset."""
+    fp8_env(FP8_LINEAR_BACKEND=backend)
     mod = _layer(preset, k, n, "cuda", torch.bfloat16)
     ok, why = get_backend(backend).can_implement(mod)
     if not ok:
         pytest.skip(f"{backend} cannot run {preset}: {why}")
-    fp8_env(FP8_LINEAR_BACKEND=backend)
     assert mod.backend == backend
     return mod
 

@@ -1,9 +1,11 @@
 """GPU: the default GEMM path (sm90 when built, else cuBLASLt) and forced cuBLASLt against emulated.
 
 docs/design.md section 7 shape set (Llama-3 8B / 70B linear layers) with a subsample of M, every preset,
-through ``FP8Linear``; ``fp8-block`` must fall to a backend that takes block scales (cuBLASLt refuses).
-Bar: calc_diff(backend, forced emulated) < 1e-5, for ``backend`` = the default choice (env unset;
-passes whether or not the sm90 kernel exists) and ``cublaslt`` forced (which must refuse fp8-block). Run: ``pytest -m gpu tests/fp8_linear/backends/test_cublaslt_gpu.py``.
+through ``FP8Linear``; ``fp8-block`` runs on cuBLASLt's block scales where its probe passes (else it is
+refused there with the reason). Bar: calc_diff(backend, forced emulated) < 1e-5, for ``backend`` = the
+default choice (env unset; passes whether or not the sm90 kernel exists) and ``cublaslt`` forced. The
+public GEMM on forced cuBLASLt against the fp64 reference includes block scales at M = 1 and 7 (rows
+padded) and K = 1040 (9 k-blocks: the padded scale_b rows). Run: ``pytest -m gpu tests/fp8_linear/backends/test_cublaslt_gpu.py``.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import logging
 
 import pytest
 import torch
-from helpers import KERNEL_FLOOR, calc_diff, gemm_ref64, random_fp8, random_scale, rounding_bar
+from helpers import KERNEL_FLOOR, calc_diff, gemm_ref64, random_fp8, random_scale, rounding_bar, scale_shape_for
 from torch import nn
 
 from fp8_linear import PRESETS, FP8Linear, fp8_gemm
 import fp8_linear.backends as backends
-from fp8_linear.backends import BACKEND_ENV, candidates
+from fp8_linear.backends import BACKEND_ENV, candidates, get_backend, layer_candidates
+from fp8_linear.backends.cublaslt import _block_layout
+from fp8_linear.errors import BackendUnavailableError
 from fp8_linear.gemm import make_problem
 from fp8_linear.quantize import dynamic_quantize, quantize_unchecked
 from fp8_linear import settings
@@ -72,47 +76,38 @@ def _problem_of(mod: FP8Linear, x: torch.Tensor):
     return make_problem(q, mod.weight, sa, mod.weight_scale, mod.bias, x.dtype)
 
 
-def _default_vs_emulated(monkeypatch, mod: FP8Linear, x: torch.Tensor,
-                         backend: str = "default") -> tuple[str, float, dict]:
-    """(backend that ran, calc_diff(it, forced emulated), every backend's verdict).
+def _default_vs_emulated(fp8_env, mod: FP8Linear, x: torch.Tensor, backend: str = "default") -> tuple[str, float]:
+    """(backend that ran, calc_diff(it, forced emulated)).
 
     ``backend`` "default" leaves ``FP8_LINEAR_BACKEND`` unset; a name forces that backend.
     """
-    monkeypatch.delenv(BACKEND_ENV, raising=False)
-    settings.reload()
-    verdicts = candidates(_problem_of(mod, x))
-    chosen = next(name for name, ok, _ in verdicts if ok)
-    if backend != "default":
-        monkeypatch.setenv(BACKEND_ENV, backend)
-        settings.reload()
-        chosen = backend
-    out = mod(x)
-    monkeypatch.setenv(BACKEND_ENV, "emulated")
-    settings.reload()
+    fp8_env(FP8_LINEAR_BACKEND=None if backend == "default" else backend)
+    out, chosen = mod(x), mod.backend
+    fp8_env(FP8_LINEAR_BACKEND="emulated")
     ref = mod(x)
-    monkeypatch.delenv(BACKEND_ENV)
-    settings.reload()
+    fp8_env(FP8_LINEAR_BACKEND=None)
     assert out.shape == ref.shape and out.dtype == x.dtype
-    return chosen, calc_diff(out, ref), dict((n, (ok, r)) for n, ok, r in verdicts)
+    return chosen, calc_diff(out, ref)
 
 
-def _check_backend(preset: str, chosen: str, verdicts) -> None:
-    if PRESETS[preset].weight_granularity == "block":
-        assert verdicts["cublaslt"][0] is False, verdicts["cublaslt"]
-        assert chosen in ("sm90", "emulated"), verdicts
-    else:
-        assert chosen in ("sm90", "cublaslt"), verdicts
+def _check_backend(mod: FP8Linear, chosen: str) -> None:
+    """The default choice is the first backend whose can_implement says yes (block layers included:
+    sm90 with BLOCK_SCALES, else cuBLASLt where its block probe passes)."""
+    first = next(name for name, ok, _ in layer_candidates(mod) if ok)
+    assert chosen == first, layer_candidates(mod)
+    assert chosen in ("sm90", "cublaslt"), layer_candidates(mod)
 
 
 # The top decorator varies fastest: M innermost, so each cached module serves all its M.
-def _compare(monkeypatch, backend: str, preset: str, mod: FP8Linear, x: torch.Tensor) -> None:
-    if backend == "cublaslt" and PRESETS[preset].weight_granularity == "block":
-        ok, why = dict((n, (o, r)) for n, o, r in candidates(_problem_of(mod, x)))["cublaslt"]
-        assert not ok and "block" in why, why  # refused with the reason, never run wrongly
-        return
-    chosen, diff, verdicts = _default_vs_emulated(monkeypatch, mod, x, backend)
+def _compare(fp8_env, backend: str, preset: str, mod: FP8Linear, x: torch.Tensor) -> None:
+    if backend == "cublaslt":
+        ok, why = get_backend("cublaslt").can_implement(mod)
+        if not ok:
+            assert PRESETS[preset].weight_granularity == "block" and "block" in why, why  # refused with the reason
+            return
+    chosen, diff = _default_vs_emulated(fp8_env, mod, x, backend)
     if backend == "default":
-        _check_backend(preset, chosen, verdicts)
+        _check_backend(mod, chosen)
     m, k = x.reshape(-1, x.shape[-1]).shape
     assert diff < BAR, f"{chosen}: calc_diff {diff:.3g} at M={m} N={mod.out_features} K={k}"
 
@@ -121,19 +116,19 @@ def _compare(monkeypatch, backend: str, preset: str, mod: FP8Linear, x: torch.Te
 @pytest.mark.parametrize("backend", ["default", "cublaslt"])
 @pytest.mark.parametrize("n,k", LLAMA_NK)
 @pytest.mark.parametrize("preset", list(PRESETS))
-def test_llama_shapes_vs_emulated(monkeypatch, preset, n, k, backend, m):
+def test_llama_shapes_vs_emulated(fp8_env, preset, n, k, backend, m):
     mod = _module(preset, n, k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    _compare(monkeypatch, backend, preset, mod, x)
+    _compare(fp8_env, backend, preset, mod, x)
 
 
 @pytest.mark.parametrize("backend", ["default", "cublaslt"])
 @pytest.mark.parametrize("m,n,k", EXTRA_MNK)
 @pytest.mark.parametrize("preset", list(PRESETS))
-def test_extra_shapes_vs_emulated(monkeypatch, preset, m, n, k, backend):
+def test_extra_shapes_vs_emulated(fp8_env, preset, m, n, k, backend):
     mod = _module(preset, n, k)
     x = torch.randn(2, m // 2, k, device="cuda", dtype=torch.float16)  # leading batch dims
-    _compare(monkeypatch, backend, preset, mod, x)
+    _compare(fp8_env, backend, preset, mod, x)
 
 
 @pytest.mark.parametrize("preset", ["fp8-tensor", "fp8-dynamic"])
@@ -148,19 +143,25 @@ def test_repeated_runs_bitwise_identical(monkeypatch, preset):
 
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("kinds", [("tensor", "tensor"), ("row", "row"), ("tensor", "row")])
-@pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (127, 4112, 1040), (64, 80, 16400)])  # cuBLASLt needs N, K % 16 == 0
-def test_forced_cublaslt_vs_fp64_reference(monkeypatch, out_dtype, kinds, m, n, k):
-    monkeypatch.setenv(BACKEND_ENV, "cublaslt")
-    settings.reload()
+@pytest.mark.parametrize("kinds", [("tensor", "tensor"), ("row", "row"), ("tensor", "row"), ("group", "block"),
+                                   ("tensor", "block"), ("row", "block")])
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (7, 208, 1040), (127, 4112, 1040), (64, 80, 16400)])  # N, K % 16 == 0
+def test_forced_cublaslt_vs_fp64_reference(fp8_env, out_dtype, kinds, m, n, k):
+    fp8_env(FP8_LINEAR_BACKEND="cublaslt")
     a, b = random_fp8((m, k), torch.float8_e4m3fn, "cuda"), random_fp8((n, k), torch.float8_e4m3fn, "cuda")
-    sa = random_scale((1,) if kinds[0] == "tensor" else (m, 1), "cuda")
-    sb = random_scale((1,) if kinds[1] == "tensor" else (n, 1), "cuda")
+    sa = random_scale(scale_shape_for(kinds[0], m, k), "cuda")
+    sb = random_scale(scale_shape_for(kinds[1], n, k), "cuda")
     bias = torch.randn(n, device="cuda")
+    if kinds[1] == "block":
+        ok, why, _ = _block_layout(torch.device("cuda"))
+        if not ok:
+            with pytest.raises(BackendUnavailableError, match="block"):
+                fp8_gemm(a, b, sa, sb, bias, out_dtype)
+            pytest.skip(why)
     out = fp8_gemm(a, b, sa, sb, bias, out_dtype)
     ref = gemm_ref64(a, b, sa, sb, bias)
-    # Older torch builds write row-wise torch._scaled_mm results in bf16 only (the backend then converts).
-    effective = torch.bfloat16 if "row" in kinds else out_dtype
+    # Older torch builds write row-wise / block torch._scaled_mm results in bf16 only (the backend then converts).
+    effective = torch.bfloat16 if kinds != ("tensor", "tensor") else out_dtype
     assert calc_diff(out, ref) <= max(rounding_bar(ref, effective, KERNEL_FLOOR), rounding_bar(ref, out_dtype, KERNEL_FLOOR))
 
 
