@@ -29,7 +29,7 @@ stage compile_other 80 $PT tests/fp8_linear/test_compile.py -k "cublaslt or emul
 stage cublaslt_block 40 $PT tests/fp8_linear/backends/test_cublaslt_gpu.py -k "fp64_reference"
 wait $BUILD
 stage compile_sm90 60 $PT tests/fp8_linear/test_compile.py -k "sm90"
-stage sm90_linear 40 $PT tests/fp8_linear/backends/test_sm90_linear_gpu.py -k "4096-4096 or batched or forced or graph or compile"
+stage sm90_linear 45 $PT tests/fp8_linear/backends/test_sm90_linear_gpu.py -k "4096-4096 or block or batched or forced or graph or compile"
 stage host_overhead 30 python benchmarks/host_overhead.py --calls 1000 --json "$OUT/host_overhead.json"
 stage generate 90 $PT tests/fp8_linear/test_generate.py -k "gpu and (fp8-dynamic or fp8-tensor)"
 stage e2e_quick 240 python -m benchmarks.e2e --quick --out "$OUT"

@@ -10,9 +10,10 @@ of ``kernels/quant_triton.py`` bit for bit) and launches the GEMM with the confi
 :func:`fp8_linear.kernels.select_config` gives (kept per shape). At decode sizes a layer's time is
 the host's, so eager mode calls it directly; under ``torch.compile`` the same function runs as the
 ``fp8_linear::sm90_linear`` custom op. Fine-grained scales (1x128 activation groups with 128x128
-weight blocks) run on the kernel when ``fp8_linear.kernels.BLOCK_SCALES`` says it has them: the
-activation is quantized in one pass (``act_quant`` mode 2: group amax, scale, cast) and the GEMM takes
-``scale_a`` ``[M, ceil(K/128)]`` and ``scale_b`` ``[ceil(N/128), ceil(K/128)]`` (docs/design.md section 4).
+weight blocks) run on the kernel when ``fp8_linear.kernels.BLOCK_SCALES`` says it has them, in the same
+one call: ``linear_fwd`` mode 2 quantizes the activation in one pass (group amax, scale, cast) and the
+GEMM takes ``scale_a`` ``[M, ceil(K/128)]`` and ``scale_b`` ``[ceil(N/128), ceil(K/128)]``
+(docs/design.md section 4).
 """
 
 from __future__ import annotations
@@ -95,7 +96,10 @@ def _choice(m: int, n: int, k: int, mode: int, dtype: torch.dtype) -> tuple[int,
         # the generic path's kernels.swap_ok: a one-element scale_a (static, or per token at M = 1,
         # where a swapped decode config is taken either way) and a 16-bit output
         swap = mode == MODE_STATIC and dtype in (torch.bfloat16, torch.float16)
-        config = kern.select_config(m, n, k, swap_ok=swap)
+        if mode == MODE_GROUP:  # 1x128 groups with 128x128 weight blocks: the configs with block instances
+            config = kern.select_config(m, n, k, swap_ok=False, block=True)
+        else:
+            config = kern.select_config(m, n, k, swap_ok=swap)
         hit = _configs[key] = (config.id, kern.select_splits(config, m, n, k))
     return hit
 
@@ -122,14 +126,13 @@ def _linear(x, weight, input_scale, weight_scale, bias, mode: int, block: bool, 
         x = x.contiguous()
     ext = _ext if _ext is not None else extension()
     fp8 = weight.dtype
-    if block:
-        # Fine-grained scales: one quantization pass (1x128 groups; or a static / per-token scale
-        # spread over the groups), then the block-scaled GEMM.
+    if block and mode != MODE_GROUP:
+        # Block weights with a static / per-token activation scale (loaded checkpoints): one quantization
+        # pass, the scale spread over the 1x128 groups, then the block-scaled GEMM.
         x2 = x.reshape(-1, k)
         m = x2.shape[0]
         q, sa = ext.act_quant(x2, _FMT_CODE[fp8], mode, input_scale, _FMT_MAX[fp8], MIN_SCALE)
-        if mode != MODE_GROUP:
-            sa = expand_scale_a_to_groups(sa, m, k)
+        sa = expand_scale_a_to_groups(sa, m, k)
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
         kernels_module().sm90_gemm_out(q, weight, sa, weight_scale, bias, out)
         return out.reshape(*x.shape[:-1], n)

@@ -73,7 +73,23 @@ def test_linear_op_bitwise_equals_quantize_then_gemm(preset, dtype, m, n, k, bia
     assert torch.equal(_bits(out), _bits(ref)), f"{preset} {dtype} M={m} N={n} K={k}: calc_diff {calc_diff(out, ref):.3g}"
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (200, 1040), (4104, 16400)])
+@pytest.mark.parametrize("m", MS)
+def test_block_layer_bitwise_equals_quantize_then_gemm(m, n, k, bias):
+    from fp8_linear.backends.sm90 import block_scales_available
+
+    if not block_scales_available()[0]:
+        pytest.skip(block_scales_available()[1])
+    mod = _module("fp8-block", n, k, bias, torch.bfloat16)
+    assert mod.backend == "sm90", mod._plan.reason
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    out, ref = mod(x), _reference(mod, x)
+    assert torch.isfinite(out).all() and out.shape == (m, n)
+    assert torch.equal(_bits(out), _bits(ref)), f"M={m} N={n} K={k}: calc_diff {calc_diff(out, ref):.3g}"
+
+
+@pytest.mark.parametrize("preset", PRESETS + ["fp8-block"])
 def test_batched_strided_and_empty_inputs(preset):
     mod = _module(preset, 200, 1040, True, torch.bfloat16)
     x3 = torch.randn(3, 5, 1040, device="cuda", dtype=torch.bfloat16)  # [batch, seq, K]
