@@ -81,6 +81,18 @@ def check_block(m: int, n: int, k: int) -> float:
     return float(1 - 2 * (x * y).sum() / (x * x + y * y).sum())
 
 
+def chosen_configs(m: int, n: int, k: int) -> str:
+    """The configs (and split-K factors) of ours_block and ours, as the kernel picks them."""
+    import fp8_linear.kernels as kern
+
+    def one(block: bool) -> str:
+        cfg = kern.select_config(m, n, k, swap_ok=not block, block=block)
+        splits = kern.select_splits(cfg, m, n, k)
+        return f"{cfg.id}" + (f"s{splits}" if splits > 1 else "")
+
+    return f"{one(True)}/{one(False)}"
+
+
 def measure(m: int, n: int, k: int, rotate_mb: int, rounds: int, burn_s: float, rep: int) -> dict[str, float | str]:
     """us per call of each column (the median round), or the error text of a column that failed."""
     if m < STEADY_M:
@@ -127,18 +139,19 @@ def main(argv=None) -> int:
     T.warm_up(2.0)
     rows = []
     print(f"{'layer':<12}{'M':>6}{'N':>7}{'K':>7} |" + "".join(f"{c:>13}" for c in COLUMNS)
-          + " | cublas_blk/blk   ours/blk   bf16/blk  diff")
+          + " | cublas_blk/blk   ours/blk   bf16/blk  diff  configs (block / per-tensor)")
     for layer, n, k in LAYERS[:args.layers]:
         for m in ms:
             us = measure(m, n, k, args.rotate_mb, args.rounds, args.burn, args.rep)
             diff = check_block(m, n, k)
-            row = {"layer": layer, "M": m, "N": n, "K": k, "us": us, "calc_diff": diff}
+            cfgs = chosen_configs(m, n, k)
+            row = {"layer": layer, "M": m, "N": n, "K": k, "us": us, "calc_diff": diff, "configs": cfgs}
             rows.append(row)
             cols = "".join(f"{us[c]:13.1f}" if isinstance(us.get(c), float) else f"{'n/a':>13}" for c in COLUMNS)
             rat = "".join(f"{us[p] / us['ours_block']:11.3f}" if isinstance(us.get(p), float)
                           and isinstance(us.get("ours_block"), float) else f"{'-':>11}"
                           for p in ("cublas_block", "ours", "bf16"))
-            print(f"{layer:<12}{m:>6}{n:>7}{k:>7} |{cols} |{rat}  {diff:.1e}", flush=True)
+            print(f"{layer:<12}{m:>6}{n:>7}{k:>7} |{cols} |{rat}  {diff:.1e}  {cfgs}", flush=True)
             torch.cuda.empty_cache()
     summary = summarize(rows)
     for label, entry in summary.items():

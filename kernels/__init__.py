@@ -15,7 +15,7 @@ __all__ = ["CONFIGS", "KernelConfig", "swap_ok", "is_block_scaled", "select_conf
 
 #: The kernel takes fine-grained scales (1x128 activation groups with 128x128 weight blocks; see
 #: :func:`is_block_scaled`), checked on an H200 by tests/kernels/test_sm90_block_gpu.py.
-BLOCK_SCALES = False
+BLOCK_SCALES = True
 #: Width of the activation groups and height (and width) of the weight blocks of fine-grained scales.
 SCALE_BLOCK = 128
 

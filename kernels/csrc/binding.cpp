@@ -85,6 +85,10 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
               "sm90_gemm: scales must be float32");
   FP8_CHECK(scale_a.is_contiguous() && scale_b.is_contiguous(), "sm90_gemm: scales must be contiguous");
   const bool block = is_block_scaled(scale_a, scale_b, M, N, K);
+  const int64_t kbn = (K + kScaleBlock - 1) / kScaleBlock;
+  FP8_CHECK(block || kbn == 1 || !(scale_a.dim() == 2 && scale_a.size(0) == M && scale_a.size(1) == kbn),
+            "sm90_gemm: a 1x128 scale_a [M, ceil(K/128)] = ", dims_str(scale_a.sizes()),
+            " needs a 128x128 scale_b [ceil(N/128), ceil(K/128)], got ", dims_str(scale_b.sizes()));
   FP8_CHECK(block || scale_a.numel() == 1 || scale_a.numel() == M,
             "sm90_gemm: scale_a must be [1], [M, 1] or (with a block scale_b) [M, ceil(K/128)], got ",
             dims_str(scale_a.sizes()));

@@ -3,17 +3,22 @@
 // applied on the CUDA cores when a k-block's tensor-core partial sum is promoted (DeepGEMM's scheme):
 //   fin += partial(kb) * (scale_a[m, kb] * scale_b[n / 128, kb])
 // so the epilogue sees per-tensor scales of 1 (the host points EpiParams::sa / sb at a 1.0f) and adds
-// only the bias. Each consumer thread reads its factors straight from global memory (L1 / L2 hits: a
-// tile needs 128 + 1 or 2 floats per k-block), one k-block ahead of the promotion that uses them.
+// only the bias.
 //
-// Which factors a thread needs (accumulator value acc[4j + 2i + e]: warpgroup row 16 warp + lane / 4 + 8i,
-// tile column 8j + 2 (lane % 4) + e; sm90_epilogue.cuh):
-//  - not swapped (kernel rows = activation rows m, tile columns = weight rows n): scale_a of its two
-//    rows, and scale_b of the tile's weight block; a tile wider than 128 or not starting on a block
-//    (BN = 144, 192) crosses into the next block at column `cut` (a multiple of 16), so it holds both
-//    blocks' factors and takes one per 8-column fragment.
-//  - swapped (kernel rows = weight rows n: one weight block per 128-row tile; tile columns = m): one
-//    scale_b and the scale_a of its BN / 4 columns.
+// The factors travel with the operands: every stage has a slot (SmemLayout::scales, kScaleSlotFloats)
+// that one producer warp (scale_loader) fills with cp.async while the producer thread's TMA fills the
+// stage's tiles; the stage's full barrier completes when both have landed (its 32 lanes are 32 of the
+// barrier's expected arrivals). The consumers read their factors from the slot before they release the
+// stage. (Read straight from global memory one k-block ahead instead, the factors' latency under the
+// operands' traffic cost 15-60%: docs/kernel-log.md "Block scales".)
+//
+// Slot layout: [0, 128) activation scales, [128] the weight block's scale, [129] the next block's.
+//  - not swapped (kernel rows = activation rows m, tile columns = weight rows n): scale_a of the tile's
+//    128 rows; the weight block of the tile's first column, and the next one: a tile wider than 128
+//    or not starting on a block (BN = 192) crosses into it at column `cut` (a multiple of 16), so each
+//    8-column fragment takes one of the two.
+//  - swapped (kernel rows = weight rows n: one weight block per 128-row tile; tile columns = m): scale_a
+//    of the tile's BN columns, and the weight block's scale.
 // Rows or columns past M read row M - 1's scales: their partial sums are zero (TMA zero-fills the
 // operand) and their outputs are never stored.
 #pragma once
@@ -28,6 +33,10 @@ namespace fp8sm90 {
 // factor pair per k-block).
 constexpr int kScaleBlock = 128;
 static_assert(kScaleBlock == kBK, "one scale per k-block");
+constexpr int kSlotW0 = kBM, kSlotW1 = kBM + 1;  // the weight scales' places in a slot
+// Arrivals on a BLK stage's full barrier: the producer thread's arrive.expect_tx and the loader warp's lanes.
+constexpr int kLoaderLanes = 32;
+constexpr int kBlkFullArrivals = 1 + kLoaderLanes;
 
 // One k-block's factors of one consumer thread.
 template <int BN, bool SWAP>
@@ -37,55 +46,85 @@ struct BlkFactors {
   float w0, w1;  // the weight block's scale (w1: the next block's, for tiles that cross one)
 };
 
-// Where one consumer thread's factors are, for one tile (set at the tile start).
+// Where one consumer thread's factors sit in a stage's slot, for one tile.
 template <int BN, bool SWAP>
 struct BlkTile {
   static constexpr bool kTwoBlocks = !SWAP && BN % kScaleBlock != 0;
-  int a_off[SWAP ? 1 : 2];  // not swapped: offsets of the thread's two rows in scale_a
-  int col0;                 // swapped: the thread's first tile column (m) = col_base + 2 (lane % 4)
-  int w_off0, w_off1;       // offsets of the weight block(s) in scale_b
-  int cut;                  // tile column where the second weight block starts (kTwoBlocks)
-  int kb0;                  // the work item's first k-block (split K)
+  const float* slots;  // the S slots (SmemLayout::scales)
+  int pos;             // not swapped: the thread's first row in the 128-row tile; swapped: its first column
+  int cut;             // tile column where the second weight block starts (kTwoBlocks)
 
-  __device__ __forceinline__ BlkTile(const EpiParams& ep, int row0, int tile_row0, int col_base, int lane, int kb_first) {
-    const int kbn = ep.blk_kb;
-    kb0 = kb_first;
+  __device__ __forceinline__ BlkTile(const float* slot_base, int tile_row_local, int col_base, int lane)
+      : slots(slot_base) {
     if constexpr (!SWAP) {
-      a_off[0] = min(row0, ep.M - 1) * kbn;
-      a_off[1] = min(row0 + 8, ep.M - 1) * kbn;
-      col0 = 0;
-      const int nb = col_base / kScaleBlock;
-      w_off0 = nb * kbn;
-      w_off1 = min(nb + 1, (ep.N - 1) / kScaleBlock) * kbn;
-      cut = (nb + 1) * kScaleBlock - col_base;
+      pos = tile_row_local;
+      cut = (col_base / kScaleBlock + 1) * kScaleBlock - col_base;
     } else {
-      a_off[0] = 0;
-      col0 = col_base + 2 * (lane % 4);
-      w_off0 = w_off1 = (tile_row0 / kScaleBlock) * kbn;
+      pos = 2 * (lane % 4);
       cut = BN;
     }
   }
 
-  // The factors of the work item's k-block `kb` (0-based inside the item).
-  __device__ __forceinline__ void load(BlkFactors<BN, SWAP>& f, const EpiParams& ep, int kb) const {
-    const int k = kb0 + kb;
-    f.w0 = __ldg(ep.blk_sb + w_off0 + k);
-    if constexpr (kTwoBlocks) f.w1 = __ldg(ep.blk_sb + w_off1 + k);
-    else f.w1 = f.w0;
+  // The factors of the k-block in stage `stage` (its full barrier has completed).
+  __device__ __forceinline__ void load(BlkFactors<BN, SWAP>& f, int stage) const {
+    const float* slot = slots + stage * kScaleSlotFloats;
+    f.w0 = slot[kSlotW0];
+    f.w1 = kTwoBlocks ? slot[kSlotW1] : f.w0;
     if constexpr (!SWAP) {
-      f.a[0] = __ldg(ep.blk_sa + a_off[0] + k);
-      f.a[1] = __ldg(ep.blk_sa + a_off[1] + k);
+      f.a[0] = slot[pos];
+      f.a[1] = slot[pos + 8];
     } else {
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int m = min(col0 + 8 * j + e, ep.M - 1);
-          f.a[2 * j + e] = __ldg(ep.blk_sa + m * ep.blk_kb + k);
-        }
+      for (int j = 0; j < BN / 8; ++j) {
+        const float2 v = *reinterpret_cast<const float2*>(slot + 8 * j + pos);
+        f.a[2 * j] = v.x;
+        f.a[2 * j + 1] = v.y;
+      }
     }
   }
 };
+
+// The loader warp (producer warpgroup, warp 1): for every work item and k-block of this CTA, in the
+// producer thread's order, wait until the stage is empty, then cp.async the k-block's factors into the
+// stage's slot and arrive (no-increment) on its full barrier when they have landed.
+template <int BN, bool SWAP, int S, bool SPLIT>
+__device__ __forceinline__ void scale_loader(float* slots, uint64_t* full, uint64_t* empty, int first_tile,
+                                             int num_tiles, int tile_step, int num_m, int num_kb, const EpiParams& ep,
+                                             int lane) {
+  constexpr int kRows = SWAP ? BN : kBM;  // activation scales per slot
+  constexpr int kPer = (kRows + kLoaderLanes - 1) / kLoaderLanes;
+  const int kbn = ep.blk_kb;
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int t = first_tile; t < num_tiles; t += tile_step) {
+    int tile, split, kb0, nkb, mb, nb;
+    split_tile<SPLIT>(t, ep, num_kb, tile, split, kb0, nkb);
+    tile_coords(tile, num_m, ep, mb, nb);
+    // this lane's sources: activation rows (or columns) lane + 32 i, and lane 0 / 1: the weight blocks
+    const int act0 = SWAP ? nb * BN : mb * kBM;
+    int a_off[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) a_off[i] = min(act0 + lane + kLoaderLanes * i, ep.M - 1) * kbn;
+    const int wb = SWAP ? mb : nb * BN / kScaleBlock;
+    const int w_off = (lane == 0 ? wb : min(wb + 1, (ep.N - 1) / kScaleBlock)) * kbn;
+    for (int kb = kb0; kb < kb0 + nkb; ++kb) {
+      mbar_wait(&empty[stage], phase ^ 1);
+      float* slot = slots + stage * kScaleSlotFloats;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int r = lane + kLoaderLanes * i;
+        if (r < kRows) cp_async_4(slot + r, ep.blk_sa + a_off[i] + kb);
+      }
+      if (lane < 2) cp_async_4(slot + kSlotW0 + lane, ep.blk_sb + w_off + kb);
+      cp_async_mbar_arrive_noinc(&full[stage]);
+      if (++stage == S) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+  }
+  cp_async_wait_all();
+}
 
 // The k-block's partial sum of accumulator value v over its NACC accumulators (as promote).
 template <int BN, int NACC>

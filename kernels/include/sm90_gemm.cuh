@@ -149,10 +149,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const __grid_constant__ CUtensorMap tma_out, int rows_a, int rows_b, int K,
                          const __grid_constant__ EpiParams ep) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  using C = TileCfg<BN, SWAP>;
+  using C = TileCfg<BN, SWAP, BLK>;
   constexpr int S = C::kStages;
   uint8_t* smem = g_smem;
-  const SmemLayout<BN, SWAP> L(smem);
+  const SmemLayout<BN, SWAP, BLK> L(smem);
   uint8_t* sA = L.sA;
   uint8_t* sB = L.sB;
   uint8_t* sC = L.sC;
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int first_tile = blockIdx.x / CL;
   const int tile_step = gridDim.x / CL;
 
-  if (threadIdx.x == 0) init_stage_barriers<S, CL>(&tma_a, &tma_b, full, empty);
+  if (threadIdx.x == 0) init_stage_barriers<S, CL, BLK ? kBlkFullArrivals : 1>(&tma_a, &tma_b, full, empty);
   if constexpr (CL > 1) cluster_sync();  // peers' barriers are initialised before any multicast
   else __syncthreads();
 
@@ -185,6 +185,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       producer_loop<BN, CL, S, C::kStageA, C::kStageB, C::kStage, SPLIT>(&tma_a, &tma_b, sA, sB, full, empty, first_tile,
                                                                   num_tiles, tile_step, num_mp, num_kb, rank, ep);
+    }
+    if constexpr (BLK) {
+      if (threadIdx.x / 32 == 1)  // the scale loader warp (sm90_blockscale.cuh)
+        scale_loader<BN, SWAP, S, SPLIT>(L.scales, full, empty, first_tile, num_tiles, tile_step, num_mp, num_kb, ep,
+                                         threadIdx.x % 32);
     }
   } else {
     // ------------------------------------------------------------ consumers
@@ -221,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // the k-blocks' promotion: plain, or with the fine-grained scales of this tile (BLK)
       using Pro = std::conditional_t<BLK, BlkPromote<BN, SWAP, NACC>, PlainPromote<BN, NACC>>;
       const Pro pro = [&]() {
-        if constexpr (BLK) return Pro{ep, BlkTile<BN, SWAP>(ep, row0, tile_row0, col_base, lane, kb0)};
+        if constexpr (BLK) return Pro{BlkTile<BN, SWAP>(L.scales, cw * 64 + lr0, col_base, lane)};
         else return Pro{};
       }();
       if constexpr (DBL) {
@@ -232,16 +237,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {
         epi_prefetch<BN, SWAP>(pf, ep, row0, col_base, tid);
         float acc[NACC][BN / 2];
-        typename Pro::Factors cur, next;  // this k-block's factors, the next one's (loaded one ahead)
-        pro.load(next, 0);
+        typename Pro::Factors f;  // the k-block's factors (BLK), read from its stage before its MMAs
         for (int kb = 0; kb < nkb; ++kb) {
-          cur = next;
           mbar_wait(&full[stage], phase);
+          pro.load(f, stage);
           issue_kblock<BN, NACC, FA, FB>(acc, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
-          pro.load(next, min(kb + 1, nkb - 1));
           wgmma_wait<0>();
+          pro.before_release();
           release_stage<CL>(empty, stage, lane);
-          pro.promote(fin, acc, cur);  // FP32 promotion every 128 / NACC of K
+          pro.promote(fin, acc, f);  // FP32 promotion every 128 / NACC of K
           if (++stage == S) {
             stage = 0;
             phase ^= 1;

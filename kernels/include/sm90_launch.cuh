@@ -39,7 +39,7 @@ constexpr auto kernel_of() {
 template <int BN, bool SWAP, int NACC, int CL, int FA, int FB, bool DBL = false, bool OVL = false,
           bool CARRY = false, bool SPLIT = false, bool BLK = false>
 const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
-  using C = TileCfg<BN, SWAP>;
+  using C = TileCfg<BN, SWAP, BLK>;
   if constexpr (OVL) {
     // consumer_stream issues a tile's second k-block early: a one-k-block tile (K <= 128) runs config 7's
     // kernel instead (nothing to overlap there anyway).

@@ -60,16 +60,14 @@ __device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC]
 
 // How the consumer loops promote a k-block: PlainPromote adds the partial sums as they are (the
 // launch's per-tensor / per-row scales are applied in the epilogue); BlkPromote scales them by the
-// k-block's fine-grained factors (sm90_blockscale.cuh), which it loads one k-block ahead (`load`
-// right after the k-block's wgmmas are issued, `promote` after they retired).
+// k-block's fine-grained factors (sm90_blockscale.cuh), which `load` reads from the stage's scale slot
+// as soon as the stage is full, before its wgmmas are issued (DeepGEMM's order: read after the wgmmas,
+// the loads queue behind their shared-memory traffic).
 template <int BN, int NACC>
 struct PlainPromote {
   struct Factors {};
   __device__ __forceinline__ void load(Factors&, int) const {}
-  __device__ __forceinline__ void early(Factors&, int) const {}
-  __device__ __forceinline__ void promote_kb(float (&fin)[BN / 2], float (&acc)[NACC][BN / 2], const Factors&, int) const {
-    fp8sm90::promote<BN, NACC>(fin, acc);
-  }
+  __device__ __forceinline__ void before_release() const {}
   __device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC][BN / 2], const Factors&) const {
     fp8sm90::promote<BN, NACC>(fin, acc);
   }
@@ -78,22 +76,12 @@ struct PlainPromote {
 template <int BN, bool SWAP, int NACC>
 struct BlkPromote {
   using Factors = BlkFactors<BN, SWAP>;
-  const EpiParams& ep;
   BlkTile<BN, SWAP> tile;
-  // mainloop_double: load each k-block's factors right before its promotion (tiles wider than 128; no
-  // such tile has BLK instances today: config 10 at 240 registers spilled either way)
-  static constexpr bool kLate = BN > 128;
-  __device__ __forceinline__ void load(Factors& f, int kb) const { tile.load(f, ep, kb); }
+  __device__ __forceinline__ void load(Factors& f, int stage) const { tile.load(f, stage); }
+  // every lane's reads of the slot are ordered before lane 0 releases the stage
+  __device__ __forceinline__ void before_release() const { __syncwarp(); }
   __device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC][BN / 2], const Factors& f) const {
     promote_blk<BN, SWAP, NACC>(fin, acc, f, tile);
-  }
-  __device__ __forceinline__ void early(Factors& f, int kb) const {
-    if constexpr (!kLate) load(f, kb);
-  }
-  // promote k-block kb (whose factors `f` were loaded early, or are loaded now)
-  __device__ __forceinline__ void promote_kb(float (&fin)[BN / 2], float (&acc)[NACC][BN / 2], Factors& f, int kb) const {
-    if constexpr (kLate) load(f, kb);
-    promote(fin, acc, f);
   }
 };
 
@@ -104,10 +92,8 @@ struct BlkPromote {
 // ptxas no longer proves the pipeline and serializes every wgmma (C7514 + C7517, nvcc 13.0).
 // after_first() runs right after the first k-block's wgmmas are issued (the tile's epilogue prefetch:
 // its address arithmetic and loads then overlap the MMAs instead of delaying the first issue).
-// pro: the promotion (PlainPromote or BlkPromote); f0 / f1 hold the factors of a0's / a1's k-block, each
-// loaded right after the other accumulator's promotion and used one wgmma wait later (early), or, for
-// tiles wider than 128 (kLate: the 128 x 144 tile at 240 registers spilled with the early loads), right
-// before its own promotion, while the other accumulator's k-block runs on the tensor cores.
+// pro: the promotion (PlainPromote or BlkPromote); f0 / f1: the factors of a0's / a1's k-block, loaded
+// from its stage right after its full barrier, before its wgmmas are issued.
 template <int BN, int CL, int FA, int FB, int S, int kStageA, int kStageB, class AfterFirst, class Pro>
 __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint8_t* sA, const uint8_t* sB,
                                                 uint64_t* full, uint64_t* empty, int& stage, uint32_t& phase,
@@ -121,38 +107,42 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
     }
   };
   mbar_wait(&full[stage], phase);
+  pro.load(f0, stage);
   issue_kblock<BN, 1, FA, FB>(a0, sA + stage * kStageA, sB + stage * kStageB);
-  pro.early(f0, 0);
   after_first();  // work of the tile start that can run while the first k-block's MMAs do
   int prev = stage;
   advance();
   for (int kb = 1;; ++kb) {
     if (kb == num_kb) {
       wgmma_wait<0>();
+      pro.before_release();
       release_stage<CL>(empty, prev, lane);
-      pro.promote_kb(fin, a0, f0, kb - 1);
+      pro.promote(fin, a0, f0);
       break;
     }
     mbar_wait(&full[stage], phase);
+    pro.load(f1, stage);
     issue_kblock<BN, 1, FA, FB>(a1, sA + stage * kStageA, sB + stage * kStageB);
     wgmma_wait<1>();
+    pro.before_release();
     release_stage<CL>(empty, prev, lane);
-    pro.promote_kb(fin, a0, f0, kb - 1);
-    pro.early(f1, kb);
+    pro.promote(fin, a0, f0);
     prev = stage;
     advance();
     if (++kb == num_kb) {
       wgmma_wait<0>();
+      pro.before_release();
       release_stage<CL>(empty, prev, lane);
-      pro.promote_kb(fin, a1, f1, kb - 1);
+      pro.promote(fin, a1, f1);
       break;
     }
     mbar_wait(&full[stage], phase);
+    pro.load(f0, stage);
     issue_kblock<BN, 1, FA, FB>(a0, sA + stage * kStageA, sB + stage * kStageB);
     wgmma_wait<1>();
+    pro.before_release();
     release_stage<CL>(empty, prev, lane);
-    pro.promote_kb(fin, a1, f1, kb - 1);
-    pro.early(f0, kb);
+    pro.promote(fin, a1, f1);
     prev = stage;
     advance();
   }
@@ -162,14 +152,15 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
 //   full[s]:  1 arrival (the producer's arrive.expect_tx) + the stage's TMA bytes; consumers wait on it.
 //   empty[s]: one arrival per consumer warp (2 warpgroups x 4 warps) of every CTA reading the stage;
 //             the producer waits on it before refilling the stage.
-template <int S, int CL>
+//   (BLK: full[s] also expects the scale loader's kLoaderLanes arrivals: kFull = kBlkFullArrivals.)
+template <int S, int CL, int kFull = 1>
 __device__ __forceinline__ void init_stage_barriers(const CUtensorMap* tma_a, const CUtensorMap* tma_b,
                                                     uint64_t* full, uint64_t* empty) {
   tma_prefetch_desc(tma_a);
   tma_prefetch_desc(tma_b);
 #pragma unroll
   for (int s = 0; s < S; ++s) {
-    mbar_init(&full[s], 1);
+    mbar_init(&full[s], kFull);
     mbar_init(&empty[s], 8 * CL);  // one arrival per consumer warp (2 warpgroups x 4 warps) per CTA
   }
   fence_mbar_init();

@@ -78,20 +78,26 @@ constexpr bool swap_tma_store() {
 // memory), which keeps the 1 KB that a run-time round-up would need (the 128-wide configs: a 6th stage).
 extern __shared__ __align__(1024) uint8_t g_smem[];
 
-template <int BN, bool SWAP>
+// Fine-grained scales (BLK): per stage, a slot of the k-block's factors next to its A and B tiles
+// (sm90_blockscale.cuh): 128 activation scales (the tile's kernel rows, or its BN <= 128 columns when
+// swapped) and the weight block's (and the next block's) scale, padded to 16 bytes.
+constexpr int kScaleSlotFloats = kBM + 8;
+
+template <int BN, bool SWAP, bool BLK = false>
 struct TileCfg {
   static constexpr int kStageA = kBM * kBK;
   static constexpr int kStageB = BN * kBK;
   static constexpr int kStage = kStageA + kStageB;
+  static constexpr int kScaleSlot = BLK ? kScaleSlotFloats * 4 : 0;  // bytes per stage
   // per consumer WG: 64 x staged_cols 16-bit (fp32: 64-column passes)
   static constexpr int kCTile = swap_tma_store<BN, SWAP>() ? 2 * BN * 64 * 2
                                 : SWAP                      ? 0
                                                             : 2 * (64 * staged_cols<BN>() * 2 + strip_bytes<BN>());
   static constexpr int kVec = 2 * 2 * BN * 4;                // per consumer WG: column scale + column bias
   static constexpr int kBarBytes = 2 * 8 * 16;
-  static constexpr int kStagesFit = (kSmemLimit - kCTile - kVec - kBarBytes) / kStage;
+  static constexpr int kStagesFit = (kSmemLimit - kCTile - kVec - kBarBytes) / (kStage + kScaleSlot);
   static constexpr int kStages = kStagesFit > 8 ? 8 : kStagesFit;
-  static constexpr int kSmem = kStages * kStage + kCTile + kVec + kBarBytes;
+  static constexpr int kSmem = kStages * (kStage + kScaleSlot) + kCTile + kVec + kBarBytes;
   static_assert(kStages >= 4, "too few stages");
   static_assert(kStageB % 1024 == 0, "B stage must keep 1024-byte alignment");
   static_assert(kSmem <= kSmemLimit, "shared memory");
@@ -151,8 +157,8 @@ __device__ __forceinline__ void split_tile(int t, const EpiParams& ep, int num_k
 
 // Shared-memory carve-up of one CTA from the 1024-byte-aligned base: S stages of A (128 x 128) and
 // B (BN x 128) tiles, the consumer warpgroups' output staging (kCTile) and column vectors (kVec),
-// then the S full and S empty mbarriers.
-template <int BN, bool SWAP>
+// then the S full and S empty mbarriers (kBarBytes), then (BLK) the S scale slots.
+template <int BN, bool SWAP, bool BLK = false>
 struct SmemLayout {
   uint8_t* sA;
   uint8_t* sB;
@@ -160,14 +166,16 @@ struct SmemLayout {
   float* sVec;
   uint64_t* full;
   uint64_t* empty;
+  float* scales;  // BLK: S slots of kScaleSlotFloats
   __device__ __forceinline__ explicit SmemLayout(uint8_t* smem) {
-    using C = TileCfg<BN, SWAP>;
+    using C = TileCfg<BN, SWAP, BLK>;
     sA = smem;
     sB = smem + C::kStages * C::kStageA;
     sC = sB + C::kStages * C::kStageB;
     sVec = reinterpret_cast<float*>(sC + C::kCTile);
     full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(sVec) + C::kVec);
     empty = full + C::kStages;
+    scales = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(full) + C::kBarBytes);
   }
 };
 
