@@ -13,6 +13,7 @@ from benchmarks.common import ours as U
 from benchmarks.common import timing as T
 from benchmarks.common.results import environment, write_json
 from benchmarks.common.shapes import LARGE_M, gemm_bytes
+from benchmarks.gemm_bench import RATIOS
 
 US_PER_MS = 1e3
 #: Run-time switches the kernel's host code reads at every launch (raster mode).
