@@ -26,6 +26,18 @@ _PROC_FD = "/proc/self/fd"
 HF_SNAPSHOTS, HF_BLOBS = "snapshots", "blobs"
 
 
+def folder_path(path) -> str:
+    """``path`` (a ``str`` / ``bytes`` / ``os.PathLike`` naming a folder) as an absolute ``str``;
+    ``TypeError`` for another type, :class:`CheckpointError` for an empty path or one with a NUL byte."""
+    try:
+        raw = os.fsdecode(os.fspath(path))
+    except TypeError as e:
+        raise TypeError(f"path: expected a folder path (str or os.PathLike), got {type(path).__name__}") from e
+    if not raw or "\x00" in raw:
+        raise CheckpointError(f"path: expected a folder path, got {raw!r}")
+    return os.path.abspath(raw)
+
+
 def check_relative_name(name, where: str) -> str:
     """``name`` if it is a plain relative path inside a folder (no ``..``, not absolute, no NUL), else
     :class:`CheckpointError` naming ``where`` (the field that gave it)."""

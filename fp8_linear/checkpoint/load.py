@@ -18,11 +18,11 @@ import re
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, FP8LinearError
+from ..errors import CheckpointError, DeviceError, FP8LinearError
 from ..formats import FORMATS, SCALE_DTYPE, fmt_max
 from ..module import FP8Linear
 from .devices import Placement, resolve_device_map
-from .folder import CheckpointFolder
+from .folder import CheckpointFolder, folder_path
 from .model_config import CONFIG_FILE, build_config, build_empty_model
 from .plan import QuantPlan
 from .readers import read_plan
@@ -328,7 +328,7 @@ def _load(folder: CheckpointFolder, placement: Placement, dtype: torch.dtype | N
             mod.check()
         except (FP8LinearError, TypeError, ValueError) as e:
             raise CheckpointError(f"{name}: {e}") from e
-    return _place(model, placement)
+    return model
 
 
 def load_quantized(path: str | os.PathLike, device_map=None, dtype: torch.dtype | None = torch.bfloat16) -> nn.Module:
@@ -362,10 +362,7 @@ def load_quantized(path: str | os.PathLike, device_map=None, dtype: torch.dtype 
         DeviceError: ``device_map`` names no device this machine has (e.g. ``"cuda"`` without CUDA).
         TypeError: ``dtype`` is not a float dtype.
     """
-    try:
-        folder = os.path.abspath(os.fspath(path))
-    except TypeError as e:
-        raise TypeError(f"path: expected a folder path (str or os.PathLike), got {type(path).__name__}") from e
+    folder = folder_path(path)
     _check_dtype(dtype)
     placement = resolve_device_map(device_map)
     if not os.path.isdir(folder):
@@ -379,6 +376,11 @@ def load_quantized(path: str | os.PathLike, device_map=None, dtype: torch.dtype 
             raise
         except Exception as e:  # the contract: a bad checkpoint ends in a CheckpointError, never in another error
             raise CheckpointError(f"{folder}: cannot load ({type(e).__name__}: {str(e)[:300]})") from e
+        try:
+            model = _place(model, placement)
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:  # accelerate refusing the map, device memory
+            raise DeviceError(f"device_map: cannot place the model with {device_map!r:.100} ({type(e).__name__}: "
+                              f"{str(e)[:300]})") from e
         if opened.replaced() and not opened.snapshot:
             raise CheckpointError(f"{folder}: replaced by a concurrent save during the load; load it again")
         if opened.replaced():

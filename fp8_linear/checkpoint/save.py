@@ -24,6 +24,7 @@ from ..module import FP8Linear
 from ..scheme import QuantScheme
 from . import swap
 from .ct_config import build_ct_config
+from .folder import folder_path
 from .swap import INCOMPLETE_MARKER
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
@@ -233,10 +234,11 @@ def save_quantized(model: nn.Module, path: str | os.PathLike, tokenizer=None, ov
     """
     if not isinstance(model, nn.Module) or not callable(getattr(model, "save_pretrained", None)):
         raise TypeError(f"model: expected a transformers PreTrainedModel, got {type(model).__name__}")
-    try:
-        target = os.path.abspath(os.fspath(path))
-    except TypeError as e:
-        raise TypeError(f"path: expected a folder path (str or os.PathLike), got {type(path).__name__}") from e
+    target = folder_path(path)
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"overwrite: expected True or False, got {overwrite!r}")
+    if tokenizer is not None and not callable(getattr(tokenizer, "save_pretrained", None)):
+        raise TypeError(f"tokenizer: expected a tokenizer with save_pretrained, got {type(tokenizer).__name__}")
     _check_name(target)
     _check_shard_size(max_shard_size)
     _target_state(target, overwrite)  # refuse early; decided again, under the lock, before the swap
@@ -249,8 +251,11 @@ def save_quantized(model: nn.Module, path: str | os.PathLike, tokenizer=None, ov
 
     qc = build_ct_config(groups, ignore, __version__)
     parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
-    work = swap.new_work_dir(parent)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        work = swap.new_work_dir(parent)
+    except OSError as e:
+        raise CheckpointError(f"path: cannot create a folder in {parent!r} ({e.strerror})") from e
     marker = swap.Marker(work, target)
     old_qc = model.config.__dict__.get("quantization_config", _UNSET)
     old_quantizer = model.__dict__.get("hf_quantizer", _UNSET)
