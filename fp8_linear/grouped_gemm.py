@@ -235,6 +235,13 @@ def register_grouped_backend(backend: GroupedBackend) -> None:
         del _supports_cache[key]
 
 
+def unregister_grouped_backend(name: str) -> None:
+    """Remove the registered backend called ``name`` (``KeyError`` if none is registered under it)."""
+    if not any(b.name == name for b in _registered):
+        raise KeyError(f"name: expected one of the registered grouped backends {[b.name for b in _registered]}, got {name!r}")
+    _registered[:] = [b for b in _registered if b.name != name]
+
+
 def grouped_backends() -> list[GroupedBackend]:
     """The ordered grouped backends: registered ones first, then ``torch_grouped`` and ``per_expert``."""
     from .moe.grouped_backends import BUILTIN_BACKENDS
@@ -334,5 +341,5 @@ def offsets_from_counts(tokens_per_expert: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "GroupedBackend", "GroupedProblem", "grouped_fp8_gemm", "grouped_fp8_gemm_unchecked", "grouped_backends",
     "grouped_candidates", "make_grouped_problem", "offsets_from_counts", "register_grouped_backend",
-    "run_grouped_problem", "select_grouped_backend",
+    "run_grouped_problem", "select_grouped_backend", "unregister_grouped_backend",
 ]

@@ -14,7 +14,7 @@ import torch
 from fp8_linear import ScaleError, ShapeError, fp8_gemm
 from fp8_linear.grouped_gemm import (
     GroupedBackend, grouped_backends, grouped_candidates, grouped_fp8_gemm, grouped_fp8_gemm_unchecked,
-    make_grouped_problem, offsets_from_counts, register_grouped_backend, _registered,
+    make_grouped_problem, offsets_from_counts, register_grouped_backend, unregister_grouped_backend,
 )
 from helpers import BLOCK, EMULATED_FLOOR, KERNEL_FLOOR, calc_diff, dequant64, random_fp8, random_scale, rounding_bar
 
@@ -164,7 +164,10 @@ def test_a_registered_backend_runs_first_where_it_can():
         grouped_fp8_gemm(a, b, sa, sb, offsets)
         assert slot.calls == 1
     finally:
-        _registered.remove(slot)
+        unregister_grouped_backend(slot.name)
+    assert grouped_backends()[0] is not slot
+    with pytest.raises(KeyError, match="test_slot"):
+        unregister_grouped_backend(slot.name)
     with pytest.raises(TypeError, match="backend"):
         register_grouped_backend(object())
 

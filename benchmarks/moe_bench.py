@@ -1,0 +1,255 @@
+"""MoE benchmark: a Qwen3-30B-A3B-shaped model (fewer layers), BF16 against FP8, and the grouped GEMM.
+
+Two parts, one run (docs/moe.md):
+
+1. **Grouped GEMM** on the experts' shapes (128 experts, top-8, hidden 2048, expert intermediate 768:
+   ``gate_up [128, 1536, 2048]``, ``down [128, 2048, 768]``), routed token counts drawn from a softmax
+   router on random logits, at decode batches and prefill lengths. Candidates, per-token activation
+   and per-channel weight scales: ``grouped`` (:func:`fp8_linear.grouped_fp8_gemm`, the backend it
+   picks), ``per_expert`` (its per-expert fallback, one dense GEMM per expert through the dense
+   dispatcher), ``scaled_mm_loop`` (a bare loop of ``torch._scaled_mm`` with row-wise scales, expert
+   offsets known on the host: the baseline) and ``bf16_grouped`` (``torch._grouped_mm`` in BF16, what
+   transformers' ``grouped_mm`` experts run). ``triton.testing.do_bench`` medians.
+2. **Model**: prefill tokens/s (one forward of ``[1, --prefill]``) and decode tokens/s (greedy
+   ``generate`` at batch 1, decode = generate(N) - generate(1)), eager, and compiled static cache with
+   ``--compile``; BF16 (transformers' experts implementation) against ``quantize_model(..., fp8-dynamic)``
+   with the grouped GEMM's own choice and with the per-expert fallback forced.
+
+Writes a table and ``benchmarks/results/moe-<UTC stamp>[-quick].json``.
+
+    python -m benchmarks.moe_bench --quick      # < 3 minutes on an H200
+    python -m benchmarks.moe_bench --layers 8 --compile
+    python -m benchmarks.moe_bench --tiny       # a toy size, to check the script (also on a CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+
+from fp8_linear import quantize_fp8
+from fp8_linear.grouped_gemm import (
+    grouped_backends, grouped_fp8_gemm_unchecked, make_grouped_problem, offsets_from_counts,
+    register_grouped_backend, select_grouped_backend, unregister_grouped_backend,
+)
+from fp8_linear.moe.grouped_backends import PER_EXPERT
+
+#: Qwen3-30B-A3B (public config.json values); ``--layers`` cuts the depth.
+QWEN3_30B_A3B = dict(
+    model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+    num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+    num_hidden_layers=48, vocab_size=151936, max_position_embeddings=40960, rope_theta=1000000.0,
+    rms_norm_eps=1e-6, norm_topk_prob=True, decoder_sparse_step=1, tie_word_embeddings=False,
+)
+#: ``--tiny``: the same architecture at toy size (checks the script; CPU-friendly).
+TINY = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=64, num_experts=16, num_experts_per_tok=4, vocab_size=1024)
+DECODE_BATCHES = (1, 8, 32, 128)
+PREFILL_TOKENS = (512, 2048, 8192)
+QUICK = dict(decode=(1, 32), prefill=(2048,), layers=2, prefill_len=512, new_tokens=32, reps=3)
+
+
+def _cuda(device) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def route(tokens: int, experts: int, k: int, device, seed: int = 0) -> torch.Tensor:
+    """Routed rows per expert ``[E]`` (int64) of ``tokens`` tokens: top-``k`` of a softmax of random logits."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(tokens, experts, generator=g)
+    idx = torch.topk(torch.softmax(logits, -1), k, dim=-1).indices
+    return torch.bincount(idx.reshape(-1), minlength=experts).to(device)
+
+
+def _time(fns: dict, device, reps: int) -> dict:
+    if _cuda(device):
+        from benchmarks.common.timing import median, time_burst
+
+        return {n: median(t) if not isinstance(t, str) else t for n, t in time_burst(fns, rounds=reps).items()}
+    out = {}
+    for name, fn in fns.items():
+        try:
+            fn()
+            ts = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                fn()
+                ts.append((time.perf_counter() - t0) * 1e3)
+            out[name] = statistics.median(ts)
+        except Exception as e:  # noqa: BLE001 - a candidate that cannot run is reported
+            out[name] = f"{type(e).__name__}: {e}"[:200]
+    return out
+
+
+def gemm_candidates(counts: torch.Tensor, n: int, k: int, device) -> dict:
+    """The four candidates of part 1 for one projection ``[E, n, k]`` and routed ``counts``."""
+    e, m = counts.numel(), int(counts.sum())
+    w = torch.randn(e, n, k, device=device, dtype=torch.bfloat16) * 0.02
+    b, sb = quantize_fp8(w.reshape(e * n, k), "e4m3", "channel")
+    b, sb = b.reshape(e, n, k), sb.reshape(e, n, 1)
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    a, sa = quantize_fp8(x, "e4m3", "token")
+    offsets = offsets_from_counts(counts)
+    ends = offsets.tolist()
+    starts = [0] + ends[:-1]
+    problem = make_grouped_problem(a, b, sa, sb, offsets, check_values=False)
+    bt = b.transpose(-2, -1)
+    sbt = [sb[i].reshape(1, n).contiguous() for i in range(e)]
+    sat = [sa[s:t].contiguous() for s, t in zip(starts, ends)]
+    wt = w.transpose(-2, -1)
+
+    def scaled_mm_loop():
+        out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
+        for i, (s, t) in enumerate(zip(starts, ends)):
+            if t > s:
+                out[s:t] = torch._scaled_mm(a[s:t], bt[i], scale_a=sat[i], scale_b=sbt[i], out_dtype=torch.bfloat16)
+        return out
+
+    return {
+        "grouped": lambda: grouped_fp8_gemm_unchecked(a, b, sa, sb, offsets),
+        "per_expert": lambda: PER_EXPERT.run(problem),
+        "scaled_mm_loop": scaled_mm_loop,
+        "bf16_grouped": lambda: torch._grouped_mm(x, wt, offs=offsets),
+    }, select_grouped_backend(problem).name
+
+
+def gemm_part(cfg: dict, decode: tuple, prefill: tuple, device, reps: int) -> list[dict]:
+    e, k_top, h, i = cfg["num_experts"], cfg["num_experts_per_tok"], cfg["hidden_size"], cfg["moe_intermediate_size"]
+    rows = []
+    for phase, tokens_list in (("decode", decode), ("prefill", prefill)):
+        for tokens in tokens_list:
+            counts = route(tokens, e, k_top, device)
+            for proj, n, k in (("gate_up", 2 * i, h), ("down", h, i)):
+                fns, chosen = gemm_candidates(counts, n, k, device)
+                ms = _time(fns, device, reps)
+                row = dict(phase=phase, tokens=tokens, routed=int(counts.sum()), active=int((counts > 0).sum()),
+                           proj=proj, n=n, k=k, grouped_backend=chosen, ms=ms)
+                base = ms.get("scaled_mm_loop")
+                if isinstance(base, float) and isinstance(ms.get("grouped"), float):
+                    row["grouped_vs_loop"] = base / ms["grouped"]
+                rows.append(row)
+                print(f"{phase:7s} tokens={tokens:5d} {proj:7s} active={row['active']:3d} " + "  ".join(
+                    f"{c}={v:.4f}ms" if isinstance(v, float) else f"{c}=ERR" for c, v in ms.items())
+                    + (f"  grouped/loop={row['grouped_vs_loop']:.2f}x ({chosen})" if "grouped_vs_loop" in row else ""))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------- model
+def build_model(cfg: dict, layers: int, device):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = dict(cfg)
+    conf = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    conf.num_hidden_layers = layers
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(conf, dtype=torch.bfloat16).eval()
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def _wall(fn, device) -> float:
+    if _cuda(device):
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    if _cuda(device):
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def model_times(model, device, prefill: int, new: int, reps: int, compiled: bool) -> dict:
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (1, prefill), device=device)
+    prompt = torch.randint(0, vocab, (1, 16), device=device)
+    kw = dict(do_sample=False, cache_implementation="static") if compiled else dict(do_sample=False, disable_compile=True)
+    with torch.inference_mode():
+        model(ids)
+        pre = statistics.median(_wall(lambda: model(ids), device) for _ in range(reps))
+        gen = lambda n: model.generate(prompt, max_new_tokens=n, min_new_tokens=n, **kw)  # noqa: E731
+        gen(new)
+        one = statistics.median(_wall(lambda: gen(1), device) for _ in range(reps))
+        full = statistics.median(_wall(lambda: gen(new), device) for _ in range(max(1, reps - 1)))
+    step = (full - one) / (new - 1)
+    return dict(prefill_tok_s=prefill / pre, decode_tok_s=1 / step, decode_step_ms=step * 1e3)
+
+
+def weight_gb(model) -> float:
+    return sum(t.numel() * t.element_size() for t in model.parameters()) / 1e9
+
+
+def model_part(cfg, layers, device, prefill, new, reps, compiled) -> list[dict]:
+    from fp8_linear import quantize_model
+
+    rows = []
+    bf16 = build_model(cfg, layers, device)
+    variants = [("bf16", bf16, None)]
+    fp8 = quantize_model(copy.deepcopy(bf16), None, "fp8-dynamic", progress=False, gptq=False)
+    variants += [("fp8-dynamic grouped", fp8, None), ("fp8-dynamic per_expert", fp8, PER_EXPERT)]
+    for mode in ([False, True] if compiled else [False]):
+        for label, model, forced in variants:
+            if forced is not None:
+                register_grouped_backend(forced)
+            try:
+                t = model_times(model, device, prefill, new, reps, mode)
+            except Exception as e:  # noqa: BLE001 - reported, not fatal
+                t = dict(error=f"{type(e).__name__}: {e}"[:300])
+            finally:
+                if forced is not None:
+                    unregister_grouped_backend(forced.name)
+            row = dict(model=label, compiled=mode, layers=layers, weight_gb=weight_gb(model), **t)
+            rows.append(row)
+            print(f"{label:24s} {'compiled' if mode else 'eager   '} " + (
+                f"prefill {t['prefill_tok_s']:9.0f} tok/s  decode {t['decode_tok_s']:7.1f} tok/s  weights {row['weight_gb']:.2f} GB"
+                if "error" not in t else t["error"]))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a short run (< 3 minutes on an H200)")
+    ap.add_argument("--tiny", action="store_true", help="a toy-size model (checks the script; runs on a CPU)")
+    ap.add_argument("--layers", type=int, default=4, help="decoder layers of the model part (Qwen3-30B-A3B has 48)")
+    ap.add_argument("--prefill", type=int, default=2048, help="tokens of the prefill forward")
+    ap.add_argument("--new-tokens", type=int, default=64, help="greedy tokens generated for the decode rate")
+    ap.add_argument("--reps", type=int, default=5, help="repetitions (medians)")
+    ap.add_argument("--compile", action="store_true", help="also compiled static-cache generate")
+    ap.add_argument("--skip-model", action="store_true", help="grouped GEMM part only")
+    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    args = ap.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = dict(QWEN3_30B_A3B, **(TINY if args.tiny else {}))
+    decode, prefill_list = DECODE_BATCHES, PREFILL_TOKENS
+    layers, prefill, new, reps = args.layers, args.prefill, args.new_tokens, args.reps
+    if args.quick or args.tiny:
+        decode, prefill_list = QUICK["decode"], QUICK["prefill"]
+        layers, prefill, new, reps = QUICK["layers"], QUICK["prefill_len"], QUICK["new_tokens"], QUICK["reps"]
+    print(f"device {device}; grouped backends in order: {[b.name for b in grouped_backends()]}")
+    gemm_rows = gemm_part(cfg, decode, prefill_list, device, reps)
+    model_rows = [] if args.skip_model else model_part(cfg, layers, device, prefill, new, reps, args.compile)
+    ratios = [r["grouped_vs_loop"] for r in gemm_rows if "grouped_vs_loop" in r]
+    summary = {"grouped_vs_scaled_mm_loop_min": min(ratios) if ratios else None,
+               "grouped_vs_scaled_mm_loop_geomean": statistics.geometric_mean(ratios) if ratios else None}
+    bf = {r["compiled"]: r for r in model_rows if r["model"] == "bf16" and "error" not in r}
+    for r in model_rows:
+        if r["model"] != "bf16" and "error" not in r and r["compiled"] in bf:
+            summary[f"{r['model']}{' compiled' if r['compiled'] else ''} decode vs bf16"] = r["decode_tok_s"] / bf[r["compiled"]]["decode_tok_s"]
+            summary[f"{r['model']}{' compiled' if r['compiled'] else ''} prefill vs bf16"] = r["prefill_tok_s"] / bf[r["compiled"]]["prefill_tok_s"]
+    print("summary:", {k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()})
+    if device == "cuda" or args.out:
+        from benchmarks.common.results import environment, write_json
+
+        meta = environment({"model": "Qwen3-30B-A3B-shaped" + (" (tiny)" if args.tiny else ""), "layers": layers})
+        path = write_json("moe", meta, summary, gemm_rows + model_rows, out=args.out,
+                          tag="quick" if args.quick else ("tiny" if args.tiny else ""))
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
