@@ -80,6 +80,9 @@ class Plan:
     splits: list[int] = field(default_factory=list)
     groups: list[int] = field(default_factory=list)
     even_waves: bool = False
+    #: Where the operands live: ``cuda``, or ``cpu`` to check the peers' plumbing and the report on a
+    #: machine without a GPU (host wall-clock timing; no figure of it means anything).
+    device: str = "cuda"
     env_name: str = ""
     env_values: list[str] = field(default_factory=list)
 

@@ -221,6 +221,8 @@ def in_graphs(plan, m: int) -> bool:
 
 
 def time_candidates(plan, args, calls: dict, m: int) -> dict:
+    if plan.device != "cuda":
+        return T.time_host({name: c[0] for name, c in calls.items()}, rounds=args.rounds)
     if in_graphs(plan, m):
         return T.time_graph(calls, rounds=args.rounds)
     fns = {name: c[0] for name, c in calls.items()}
@@ -242,7 +244,7 @@ def measure_shape(plan, args, shape, forced: list) -> dict:
     copies = 1
     if in_graphs(plan, m):
         copies = O.rotation_copies(gemm_bytes(m, n, k, out_bytes=0), args.rotate_mb * 2**20)
-    calls, na = candidates(plan, shape, copies, forced)
+    calls, na = candidates(plan, shape, copies, forced, device=plan.device)
     outs = probe(calls, na)
     times = time_candidates(plan, args, calls, m)
     for name, ts in times.items():
@@ -265,7 +267,8 @@ def measure_shape(plan, args, shape, forced: list) -> dict:
         if x in outs and y in outs:
             row[f"diff_{x}_vs_{y}"] = calc_diff(outs[x].float(), outs[y].float())
     del calls, outs
-    torch.cuda.empty_cache()
+    if plan.device == "cuda":
+        torch.cuda.empty_cache()
     return row
 
 
@@ -280,7 +283,8 @@ def run(plan, args) -> int:
     columns = list(plan.columns) + extra
     ratios = [(p, m) for p, m in RATIOS if p in columns and m in columns]
     print(f"gemm_bench --mode {plan.mode}: {len(plan.shapes)} shapes; us per call, bf16 out", flush=True)
-    T.warm_up(args.warm if plan.mode in ("steady", "raster") else min(args.warm, 1.0))
+    if plan.device == "cuda":
+        T.warm_up(args.warm if plan.mode in ("steady", "raster") else min(args.warm, 1.0))
     print(header(columns, ratios), flush=True)
     rows, reasons = [], {}
     for shape in plan.shapes:

@@ -140,6 +140,18 @@ def time_graph(call_lists: dict[str, list[Fn]], rounds: int = 3, min_ms: float =
     return {name: (g if isinstance(g, str) else times[name]) for name, g in graphs.items()}
 
 
+def time_host(fns: dict[str, Fn], rounds: int = 3, calls: int = 5) -> dict[str, list[float] | str]:
+    """Host wall-clock ms per call (the mean of ``calls`` calls), per round and candidate: for CPU
+    operands only (a GPU launch returns before its kernel ends)."""
+    def one(_name, fn):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / calls
+
+    return _run_rounds(fns, rounds, one)
+
+
 def best(ts: list[float] | str) -> float:
     """The fastest round (ms), NaN for a candidate that failed."""
     return min(ts) if isinstance(ts, list) and ts else float("nan")

@@ -142,3 +142,24 @@ def test_runs_as_a_module_from_the_repository_root():
         run = subprocess.run([sys.executable, "-m", "benchmarks.gemm_bench", "--mode", "decode", "--quick"],
                              cwd=root, capture_output=True, text=True, timeout=120)
         assert run.returncode == 1 and "needs a CUDA GPU" in run.stderr
+
+
+def test_a_cpu_run_prints_the_table_and_writes_the_json(tmp_path, capsys):
+    """The whole run on CPU operands (torch's CPU _scaled_mm and matmul as the peers; our kernel and
+    cuBLASLt's block-wise GEMM refuse the CPU and are reported n/a with their reasons)."""
+    import json
+
+    args = G.parse_args(["--mode", "burst", "--shapes", "1x256x512,33x384x256", "--columns",
+                         "cublas_t,cublas_row,bf16,ours_block,cublas_block", "--rounds", "2", "--out", str(tmp_path)])
+    plan = G.make_plan(args)
+    plan.device = "cpu"
+    assert R.run(plan, args) == 0
+    out = capsys.readouterr().out
+    assert "n/a ours_block on 2 shapes" in out and "n/a cublas_block on 2 shapes" in out
+    doc = json.loads(next(tmp_path.glob("gemm-burst-*.json")).read_text())
+    rows = doc["rows"]
+    assert [(r["M"], r["N"], r["K"]) for r in rows] == [(1, 256, 512), (33, 384, 256)]
+    for r in rows:
+        assert set(r["us"]) == {"cublas_t", "cublas_row", "bf16"} and all(v > 0 for v in r["us"].values())
+        assert len(r["rounds_ms"]["bf16"]) == 2 and "sm90" in r["na"]["ours_block"]
+    assert doc["meta"]["mode"] == "burst" and doc["meta"]["columns"][:2] == ["cublas_t", "cublas_row"]
