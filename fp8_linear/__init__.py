@@ -5,6 +5,8 @@ Public API (docs/design.md section 3)::
     fp8_gemm(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16)
     quantize_fp8(x, fmt="e4m3", granularity="tensor", scale=None, rounding="nearest")
     FP8Linear, FP8Linear.from_linear(linear, scheme, input_amax=None)
+    grouped_fp8_gemm(a, b, scale_a, scale_b, offsets, bias=None, out_dtype=torch.bfloat16)  # MoE experts
+    FP8Experts.from_experts(experts, scheme, input_amax=None)  # transformers' fused experts (docs/moe.md)
     QuantScheme, PRESETS
     quantize_model(model, calib_data, scheme="fp8-channel", ...)
     save_quantized(model, path, tokenizer=None) / load_quantized(path, device_map=None, dtype=torch.bfloat16)
@@ -25,6 +27,7 @@ from .errors import (
 )
 from .formats import FORMATS, fmt_max
 from .gemm import fp8_gemm
+from .grouped_gemm import grouped_fp8_gemm
 from .module import FP8Linear
 from .quantize import dequantize_fp8, quantize_fp8
 from .scheme import PRESETS, QuantScheme, resolve_scheme
@@ -46,6 +49,10 @@ def __getattr__(name):
         from . import checkpoint
 
         return getattr(checkpoint, name)
+    if name == "FP8Experts":  # imports transformers' experts interface
+        from .moe.experts import FP8Experts
+
+        return FP8Experts
     if name == "FP8LinearConfig":
         from .integrations.transformers_config import FP8LinearConfig
 
@@ -57,5 +64,5 @@ __all__ = [
     "BackendUnavailableError", "CalibrationError", "CheckpointError", "FP8LinearError", "ScaleError", "ShapeError",
     "FORMATS", "fmt_max", "fp8_gemm", "FP8Linear", "dequantize_fp8", "quantize_fp8", "PRESETS", "QuantScheme",
     "resolve_scheme", "quantize_model", "compare_schemes", "save_quantized", "load_quantized",
-    "FP8LinearConfig",
+    "FP8LinearConfig", "grouped_fp8_gemm", "FP8Experts",
 ]
