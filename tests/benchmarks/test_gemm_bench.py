@@ -163,3 +163,17 @@ def test_a_cpu_run_prints_the_table_and_writes_the_json(tmp_path, capsys):
         assert set(r["us"]) == {"cublas_t", "cublas_row", "bf16"} and all(v > 0 for v in r["us"].values())
         assert len(r["rounds_ms"]["bf16"]) == 2 and "sm90" in r["na"]["ours_block"]
     assert doc["meta"]["mode"] == "burst" and doc["meta"]["columns"][:2] == ["cublas_t", "cublas_row"]
+
+
+def test_forced_configs_resolve_by_id_or_name():
+    from benchmarks.common import ours as U
+    from fp8_linear.kernels import CONFIGS
+
+    for cfg in CONFIGS:
+        assert U.resolve_config(str(cfg.id)) is cfg
+        if getattr(cfg, "name", None):
+            assert U.resolve_config(cfg.name) is cfg
+    with pytest.raises(ValueError, match="unknown config 'nope'"):
+        U.resolve_config("nope")
+    label = U.chosen(4096, 4096, 4096, torch.ones(1))
+    assert label.split()[0] in {U.config_label(c) for c in CONFIGS}
