@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: build, tests, sanitizers, benchmarks, profiles. Stages chosen by args, run in order:
-#   benchmarks/tools/device_run.sh build smoke tests quick bench steady decode splitk energy raster sanitize ncu ncusrc ab
+#   benchmarks/tools/device_run.sh build smoke tests quick bench steady decode splitk block energy raster sanitize ncu ncusrc ab
 # Run from anywhere; works in the repository root. Logs go to $OUT (default ./out).
 set -o pipefail
 cd "$(dirname "$0")/../.."
@@ -33,7 +33,7 @@ for stage in "$@"; do
         timeout 200 python3 -m benchmarks.gemm_bench --mode $mode --quick --out "$OUT" 2>&1 | tee "$OUT/quick-$mode.txt"
       done
       ;;
-    bench|steady|decode|splitk)
+    bench|steady|decode|splitk|block)
       # BENCH_ARGS: extra arguments, e.g. "--configs 7,10 --per-channel"
       mode=$stage; [ "$stage" = bench ] && mode=burst
       timeout 560 python3 -m benchmarks.gemm_bench --mode $mode ${BENCH_ARGS:-} --out "$OUT" --tag "${BENCH_TAG:-}" 2>&1 \
