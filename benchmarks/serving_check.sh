@@ -19,6 +19,13 @@ stage() {  # stage NAME SECONDS CMD...: run CMD with a timeout capped by the tim
   echo "$name: rc=$? after ${SECONDS}s: $(tail -n 1 "$OUT/$name.log")" | tee -a "$OUT/summary.txt"
 }
 pip install --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1
+# An install that did not map fp8_linear.kernels (a half-edited pyproject, say) makes every later stage
+# meaningless: stop here with the install log.
+if ! python -c "import fp8_linear.kernels" > "$OUT/import.log" 2>&1; then
+  echo "install: fp8_linear.kernels not importable; see install.log / import.log" | tee -a "$OUT/summary.txt"
+  tail -n 30 "$OUT/install.log" "$OUT/import.log"
+  exit 3
+fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 python -c "import torch, transformers; print(torch.__version__, torch.version.cuda, transformers.__version__)" >> "$OUT/gpu.txt" 2>&1
 ( timeout $((TOTAL - 20)) python -c "from fp8_linear.kernels import jit; jit.load()" > "$OUT/build.log" 2>&1;

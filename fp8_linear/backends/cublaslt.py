@@ -7,7 +7,7 @@ column-major. cuBLASLt refuses M = 1 there (``CUBLAS_STATUS_NOT_SUPPORTED``): th
 scales are padded with zero rows to a multiple of :data:`BLOCK_M_ALIGN` tokens, and the extra rows of
 the output dropped. Whether this torch and cuBLAS run block scales at all (and which ``scale_b``
 layout they want) is probed once per device on a small problem against the emulated result; where
-the probe fails the backend refuses block layers and problems with the probe's error as the reason.
+the probe fails the backend refuses block layers and problems with the probe's errors as the reason.
 """
 
 from __future__ import annotations
@@ -47,8 +47,10 @@ SAFE_OUT_DTYPE = torch.bfloat16
 ROWWISE_SAFE_DTYPE = SAFE_OUT_DTYPE
 #: (device, scale family, out_dtype, fused bias) combinations this torch refused; written in bf16 instead.
 _refused: set[tuple[str, str, torch.dtype, bool]] = set()
-#: device -> (ok, reason, padded scale_b layout?) of the block-scale probe.
-_block_probe: dict[str, tuple[bool, str, bool]] = {}
+#: device -> (ok, reason, scale_b layout) of the block-scale probe.
+_block_probe: dict[str, tuple[bool, str, str]] = {}
+#: The probe's result must match the emulated GEMM within this calc_diff (bf16 output rounding is ~1e-5).
+PROBE_BAR = 1e-4
 _probe_lock = threading.Lock()
 
 
@@ -59,18 +61,27 @@ def _pad_rows(t: torch.Tensor, rows: int, fill: float) -> torch.Tensor:
     return out
 
 
-def _block_scale_b(sb: torch.Tensor, padded: bool) -> torch.Tensor:
-    """``scale_b`` ``[Nb, Kb]`` as ``scaled_mm`` reads it: row-major, rows ``round_up(Kb, 4)`` apart
-    when ``padded`` (newer torch) or contiguous; the caller passes its transpose."""
+#: Layouts of the ``scale_b`` argument (the transpose of our ``[Nb, Kb]`` block scales) that torch
+#: versions have asked for, tried in this order by the probe: ``padded``, ``[round_up(Kb, 4), Nb]`` whose
+#: rows past Kb are padding (torch 2.11's ``_scaled_mm_v2``: "scale_b must have shape 8 x 2" for Kb = 5);
+#: ``strided``, ``[Kb, Nb]`` with the columns of a ``[Nb, round_up(Kb, 4)]`` buffer; ``contiguous``,
+#: ``[Kb, Nb]`` of the contiguous ``[Nb, Kb]``.
+BLOCK_B_LAYOUTS = ("padded", "strided", "contiguous")
+
+
+def _block_scale_b(sb: torch.Tensor, layout: str) -> torch.Tensor:
+    """The ``scale_b`` argument of ``scaled_mm`` for our block scales ``sb`` ``[Nb, Kb]`` in ``layout``
+    (:data:`BLOCK_B_LAYOUTS`); always a transposed view of a row-major buffer."""
     nb, kb = sb.shape
-    if not padded or kb % BLOCK_KB_ALIGN == 0:
-        return sb.contiguous()
-    buf = sb.new_ones((nb, -(-kb // BLOCK_KB_ALIGN) * BLOCK_KB_ALIGN))
+    kb4 = -(-kb // BLOCK_KB_ALIGN) * BLOCK_KB_ALIGN
+    if layout == "contiguous" or kb4 == kb:
+        return sb.contiguous().t()
+    buf = sb.new_ones((nb, kb4))
     buf[:, :kb] = sb
-    return buf[:, :kb]
+    return buf.t() if layout == "padded" else buf[:, :kb].t()
 
 
-def _block_mm(a, b, sa, sb, out_dtype, padded: bool) -> torch.Tensor:
+def _block_mm(a, b, sa, sb, out_dtype, layout: str) -> torch.Tensor:
     from torch.nn.functional import ScalingType, scaled_mm
 
     m = a.shape[0]
@@ -78,12 +89,12 @@ def _block_mm(a, b, sa, sb, out_dtype, padded: bool) -> torch.Tensor:
     if rows != m:
         a, sa = _pad_rows(a, rows, 0.0), _pad_rows(sa, rows, 1.0)
     sa_cm = sa.t().contiguous().t()  # [M, K/128] column-major
-    out = scaled_mm(a, b.t(), sa_cm, ScalingType.BlockWise1x128, _block_scale_b(sb, padded).t(),
+    out = scaled_mm(a, b.t(), sa_cm, ScalingType.BlockWise1x128, _block_scale_b(sb, layout),
                     ScalingType.BlockWise128x128, output_dtype=out_dtype)
     return out[:m] if rows != m else out
 
 
-def _block_layout(device: torch.device) -> tuple[bool, str, bool]:
+def _block_layout(device: torch.device) -> tuple[bool, str, str]:
     """Probe (once per device) whether block scales run here and with which ``scale_b`` layout: an
     M = 1, N = 256, K = 640 problem (5 k-blocks: not a multiple of 4) against the emulated GEMM."""
     key = str(device)
@@ -96,7 +107,7 @@ def _block_layout(device: torch.device) -> tuple[bool, str, bool]:
         from .emulated import emulated_gemm
 
         if not hasattr(torch.nn.functional, "scaled_mm"):
-            res = (False, "this torch has no torch.nn.functional.scaled_mm (block scales)", False)
+            res = (False, "this torch has no torch.nn.functional.scaled_mm (block scales)", "")
         else:
             g = torch.Generator(device="cpu").manual_seed(0)
             m, n, k = 1, 256, 640
@@ -107,19 +118,19 @@ def _block_layout(device: torch.device) -> tuple[bool, str, bool]:
             ref = emulated_gemm(a, b, sa, sb, None, torch.float32).double()
             errors = []
             res = None
-            for padded in (True, False):
+            for layout in BLOCK_B_LAYOUTS:
                 try:
-                    out = _block_mm(a, b, sa, sb, SAFE_OUT_DTYPE, padded).double()
-                except RuntimeError as e:  # cuBLASLt / torch refusal: try the other layout
-                    errors.append(f"{'padded' if padded else 'contiguous'} scale_b: {str(e).splitlines()[0]}")
+                    out = _block_mm(a, b, sa, sb, SAFE_OUT_DTYPE, layout).double()
+                except Exception as e:  # noqa: BLE001 - torch / cuBLASLt refusals (RuntimeError, ValueError): next layout
+                    errors.append(f"{layout} scale_b: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
                     continue
-                err = 1 - 2 * (out * ref).sum() / (out * out + ref * ref).sum()
-                if float(err) < 1e-4:
-                    res = (True, f"block scales ({'padded' if padded else 'contiguous'} scale_b rows)", padded)
+                err = float(1 - 2 * (out * ref).sum() / (out * out + ref * ref).sum())
+                if err < PROBE_BAR:
+                    res = (True, f"block scales ({layout} scale_b)", layout)
                     break
-                errors.append(f"{'padded' if padded else 'contiguous'} scale_b: wrong result (calc_diff {float(err):.3g})")
+                errors.append(f"{layout} scale_b: wrong result (calc_diff {err:.3g})")
             if res is None:
-                res = (False, "cuBLASLt block scales unavailable: " + "; ".join(errors), False)
+                res = (False, "cuBLASLt block scales unavailable: " + "; ".join(errors), "")
         _block_probe[key] = res
         return res
 
@@ -133,7 +144,7 @@ def cublaslt_gemm(a, b, scale_a, scale_b, bias, out_dtype: torch.dtype) -> torch
         family = "block"
         if ka != SCALE_GROUP:
             scale_a = expand_scale_a_to_groups(scale_a, m, a.shape[1])
-        padded = _block_layout(a.device)[2]
+        layout = _block_layout(a.device)[2]
         sa = sb = None
     elif ka in ROW_KINDS or kb in ROW_KINDS:
         # torch._scaled_mm takes both scales row-wise ([M, 1] and [1, N]) or both per-tensor.
@@ -151,7 +162,7 @@ def cublaslt_gemm(a, b, scale_a, scale_b, bias, out_dtype: torch.dtype) -> torch
 
     def mm(dtype, with_bias):
         if family == "block":
-            return _block_mm(a, b, scale_a, scale_b, dtype, padded)
+            return _block_mm(a, b, scale_a, scale_b, dtype, layout)
         return torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, bias=bias if with_bias else None, out_dtype=dtype)
 
     out = None

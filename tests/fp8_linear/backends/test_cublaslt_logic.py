@@ -23,9 +23,10 @@ def _cpu_scaled_mm_available() -> bool:
     return True
 
 
-pytestmark = pytest.mark.skipif(not _cpu_scaled_mm_available(), reason="this torch has no CPU torch._scaled_mm")
+needs_cpu_scaled_mm = pytest.mark.skipif(not _cpu_scaled_mm_available(), reason="this torch has no CPU torch._scaled_mm")
 
 
+@needs_cpu_scaled_mm
 @pytest.mark.parametrize("bias_dtype", [None, torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("kinds", [("tensor", "tensor"), ("row", "row"), ("tensor", "row"), ("row", "tensor")])
@@ -40,3 +41,26 @@ def test_run_meets_kernel_bar(kinds, out_dtype, bias_dtype):
     ref = gemm_ref64(a, b, sa, sb, bias)
     assert out.dtype == out_dtype and out.shape == (m, n)
     assert calc_diff(out, ref) <= rounding_bar(ref, out_dtype, KERNEL_FLOOR)
+
+
+@pytest.mark.parametrize("kb", [4, 5, 9])
+def test_block_scale_b_layouts(kb):
+    """The three ``scale_b`` layouts the block probe tries: same values, the shapes / strides torch asks for."""
+    import fp8_linear.backends.cublaslt as cl
+
+    sb = torch.rand(3, kb) + 0.5
+    kb4 = -(-kb // 4) * 4
+    padded, strided, contiguous = (cl._block_scale_b(sb, lay) for lay in cl.BLOCK_B_LAYOUTS)
+    assert padded.shape == (kb4, 3) and padded.stride() == (1, kb4) and torch.equal(padded[:kb], sb.t())
+    assert strided.shape == (kb, 3) and strided.stride() == (1, kb4) and torch.equal(strided, sb.t())
+    assert contiguous.shape == (kb, 3) and contiguous.stride() == (1, kb) and torch.equal(contiguous, sb.t())
+
+
+def test_pad_rows_keeps_values_and_fills():
+    import fp8_linear.backends.cublaslt as cl
+
+    a = random_fp8((1, 32), torch.float8_e4m3fn)
+    s = random_scale((1, 1))
+    pa, ps = cl._pad_rows(a, 4, 0.0), cl._pad_rows(s, 4, 1.0)
+    assert pa.shape == (4, 32) and torch.equal(pa[:1].view(torch.uint8), a.view(torch.uint8)) and not pa[1:].float().any()
+    assert ps.shape == (4, 1) and torch.equal(ps[:1], s) and torch.equal(ps[1:], torch.ones(3, 1))
