@@ -29,7 +29,7 @@ def minilm():
                           "17783 tokens + act-order); GPTAQ-style targets that account for activation rounding "
                           "(0.99826) or upstream error too (0.99798) do not help. Split: e4m3 activation rounding alone "
                           "(fp32 weights) gives 0.99909, GPTQ weights alone (fp32 activations) 0.99908, so each half "
-                          "nearly spends the 0.001 budget (benchmarks/minilm_fidelity.py, README Accuracy); open", strict=False)
+                          "nearly spends the 0.001 budget (benchmarks/minilm_fidelity.py, docs/performance.md); open", strict=False)
 def test_minilm_fp8_channel_embedding_cosine(minilm):
     model, tok = minilm
     calib = [s for s in corpus_text("calib").split("\n") if len(s.split()) >= 4][:32]

@@ -129,7 +129,7 @@ def _rel_row_err(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def test_fp8_channel_scales_pay_only_below_the_normal_range():
-    """Why fp8-channel barely beats fp8-tensor (README, Accuracy): e4m3 is a float format, so its
+    """Why fp8-channel barely beats fp8-tensor (docs/performance.md, Accuracy): e4m3 is a float format, so its
     relative error does not depend on the scale while values stay in the normal range; per-channel
     scales only help rows that per-tensor scaling pushes into subnormals (amax ratio > 2**8 here)."""
     g = torch.Generator().manual_seed(3)
