@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, DeviceError, FP8LinearError
-from ..formats import FORMATS, SCALE_DTYPE, fmt_max
+from ..formats import FORMATS, SCALE_DTYPE
 from ..module import FP8Linear
 from .devices import Placement, resolve_device_map
 from .folder import CheckpointFolder, folder_path
@@ -28,6 +28,7 @@ from .plan import QuantPlan
 from .readers import read_plan
 from .save import INCOMPLETE_MARKER, interrupted_save_hint
 from .shards import TensorInfo, list_tensors
+from .values import check_fp8_weight, check_scale  # noqa: F401  (experts.py imports them from here)
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +41,6 @@ ST_DTYPE_OF = {
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
 }
 SCALE_NAMES = ("weight_scale", "input_scale")
-#: Bit patterns of FP8 bytes that are not finite numbers (sign bit cleared): e4m3fn has NaN only
-#: (S.1111.111), e5m2 has inf (S.11111.00) and NaN (S.11111.01-11).
-FP8_EXP_MASK = 0x7F
-FP8_NONFINITE_FROM = {"e4m3": 0x7F, "e5m2": 0x7C}
 
 
 def _swap_linears(model: nn.Module, plan: QuantPlan, dtype: torch.dtype | None) -> dict[str, FP8Linear]:
@@ -215,29 +212,6 @@ def _read(f, key: str, info: TensorInfo, dtype: torch.dtype | None) -> torch.Ten
     if dtype is not None and info.dtype in FLOAT_ST_DTYPES and t.dtype != dtype:
         t = t.to(dtype)
     return t
-
-
-def check_scale(owner: str, pname: str, t: torch.Tensor, info: TensorInfo, fmt: str) -> None:
-    """Refuse a stored scale (in its stored dtype) that is not finite and positive, or that fp32 cannot
-    hold as a normal number with ``fmt_max * scale`` finite (a float64 1e-50 would become 0)."""
-    lo, hi = torch.finfo(SCALE_DTYPE).tiny, torch.finfo(SCALE_DTYPE).max / fmt_max(fmt)
-    v = t.to(torch.float64).flatten()
-    bad = ~torch.isfinite(v) | (v < lo) | (v > hi)
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0])
-        raise CheckpointError(
-            f"{owner}: {pname}: expected finite positive values representable in fp32 ([{lo:.3g}, {hi:.3g}] for "
-            f"{fmt}), got {v[i].item()!r} ({info.dtype} at flat index {i}, {int(bad.sum())} bad entries) in {info.file}")
-
-
-def check_fp8_weight(name: str, t: torch.Tensor, info: TensorInfo, fmt: str) -> None:
-    """Refuse FP8 weight bytes that encode NaN or inf (naming the tensor and the first bad index)."""
-    bits = t.view(torch.uint8) & FP8_EXP_MASK
-    bad = bits >= FP8_NONFINITE_FROM[fmt]
-    if bool(bad.any()):
-        i = int(bad.flatten().nonzero()[0])
-        raise CheckpointError(f"{name}: expected finite {fmt} values, got {int(bad.sum())} NaN/inf entries "
-                              f"(first at flat index {i}, byte 0x{int(t.view(torch.uint8).flatten()[i]):02x}) in {info.file}")
 
 
 def _materialize(folder: CheckpointFolder, model, swapped, stored, reads, zero_checks, dtype, device) -> None:

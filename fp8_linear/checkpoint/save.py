@@ -26,6 +26,7 @@ from . import swap
 from .ct_config import build_ct_config
 from .folder import folder_path
 from .swap import INCOMPLETE_MARKER
+from .values import nonfinite_fp8
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 #: Modes of saved files and folders before the umask (as ``open`` / ``mkdir`` use them).
@@ -101,6 +102,10 @@ def quantized_groups(model: nn.Module) -> tuple[list[tuple[list[str], QuantSchem
                 mod.check()
             except (FP8LinearError, TypeError, ValueError) as e:
                 raise CheckpointError(f"model.{name}: cannot save an invalid FP8Linear ({e})") from e
+            bad, first = nonfinite_fp8(mod.weight, mod.scheme.fmt)
+            if bad:  # a load would refuse the checkpoint
+                raise CheckpointError(f"model.{name}.weight: expected finite {mod.scheme.fmt} values, got {bad} NaN/inf "
+                                      f"entries (first at flat index {first}); nothing was saved")
             by_scheme.setdefault(mod.scheme, []).append(name)
         elif isinstance(mod, nn.Linear):
             ignore.append(name)

@@ -280,3 +280,16 @@ def test_concurrent_saves_into_one_target(models, tmp_path):
     y = _logits(target)
     assert any(torch.equal(y, ref) for _, ref in models)
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+def test_nan_fp8_weight_is_refused_at_save(models, tmp_path):
+    """A load would refuse an FP8 weight holding NaN bytes, so the save refuses to write it."""
+    import copy
+
+    model = copy.deepcopy(models[0][0])
+    w = model.model.layers[0].mlp.up_proj.weight
+    w.data.view(torch.uint8).view(-1)[7] = 0x7F  # e4m3fn NaN
+    with pytest.raises(CheckpointError, match=r"model.model.layers.0.mlp.up_proj.weight: expected finite e4m3 values, "
+                                              r"got 1 NaN/inf entries \(first at flat index 7\)"):
+        save_quantized(model, tmp_path / "ckpt")
+    assert os.listdir(tmp_path) == []
