@@ -217,7 +217,14 @@ def validate_scale(scale: torch.Tensor, expected_shape: tuple[int, ...], name: s
         if bool(bad.any()):
             v = scale[bad].flatten()[0].item()
             raise ScaleError(f"{name}: expected finite positive values, got {v} ({int(bad.sum())} bad entries)")
-    return scale.to(SCALE_DTYPE).reshape(expected_shape)
+    out = scale.to(SCALE_DTYPE).reshape(expected_shape)
+    if scale.dtype != SCALE_DTYPE and out.numel():
+        # A wider float (fp64) can hold values that fp32 cannot: they would become 0 or inf silently.
+        lost = (out == 0) | ~torch.isfinite(out)
+        if bool(lost.any()):
+            v = scale.reshape(expected_shape)[lost].flatten()[0].item()
+            raise ScaleError(f"{name}: {scale.dtype} value {v} overflows or underflows float32 ({int(lost.sum())} entries)")
+    return out
 
 
 def _check_same_device(t, ref: torch.Tensor, name: str, ref_name: str) -> None:

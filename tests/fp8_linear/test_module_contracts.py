@@ -161,3 +161,16 @@ def test_layer_candidates_give_each_backends_reason():
     assert verdicts["emulated"][0]
     assert not verdicts["sm90"][0] and "CUDA" in verdicts["sm90"][1]
     assert not verdicts["cublaslt"][0] and "CUDA" in verdicts["cublaslt"][1]
+
+
+@pytest.mark.parametrize("value", [1e-50, 1e300])
+def test_wide_float_scales_that_do_not_fit_fp32_are_refused_everywhere(value):
+    from fp8_linear import fp8_gemm, quantize_fp8
+
+    s = torch.tensor([value], dtype=torch.float64)
+    with pytest.raises(ScaleError, match="scale_a: torch.float64 value .* overflows or underflows float32"):
+        fp8_gemm(torch.ones(2, 32).to(torch.float8_e4m3fn), torch.ones(16, 32).to(torch.float8_e4m3fn), s, torch.ones(1))
+    with pytest.raises(ScaleError, match="scale: torch.float64"):
+        quantize_fp8(torch.randn(4, 8), scale=s)
+    with pytest.raises(ScaleError, match="weight_scale"):
+        FP8Linear.from_linear(nn.Linear(8, 4), "fp8-tensor", input_amax=1.0, weight_scale=s)
