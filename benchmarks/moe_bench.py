@@ -20,6 +20,7 @@ Writes a table and ``benchmarks/results/moe-<UTC stamp>[-quick].json``.
     python -m benchmarks.moe_bench --quick      # < 3 minutes on an H200
     python -m benchmarks.moe_bench --layers 8 --compile
     python -m benchmarks.moe_bench --tiny       # a toy size, to check the script (also on a CPU)
+    python -m benchmarks.moe_bench --quality    # CPU: accuracy of every preset on a tiny Qwen3-MoE vs its dense twin
 """
 
 from __future__ import annotations
@@ -210,6 +211,52 @@ def model_part(cfg, layers, device, prefill, new, reps, compiled) -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------------------------------------- quality (CPU)
+#: ``--quality``: a 2-layer Qwen3-MoE with 8 experts (top-2) at hidden 128, and its dense twin (Qwen3 of the same
+#: dims); vocabulary = the 256 byte values, text = ``pydoc_data.topics`` as UTF-8 bytes (calibration / eval splits).
+QUALITY_MOE = dict(model_type="qwen3_moe", vocab_size=256, hidden_size=128, intermediate_size=256,
+                   moe_intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                   max_position_embeddings=512, tie_word_embeddings=False)
+QUALITY_DENSE_DROP = ("moe_intermediate_size", "num_experts", "num_experts_per_tok", "norm_topk_prob")
+
+
+def quality_part() -> list[dict]:
+    """Top-1 agreement and KL against BF16 of every preset on the MoE model and on its dense twin, weight
+    memory, and a calibration of 6 tokens (experts without tokens), on a CPU."""
+    from fp8_linear import quantize_model
+    from fp8_linear.calibration.data import Batch, corpus_text
+    from fp8_linear.calibration.evaluate import evaluate_models
+    from fp8_linear.calibration.experts import moe_report
+
+    def text(split, n, seq):
+        data = torch.tensor(list(corpus_text(split).encode("utf-8")), dtype=torch.int64)
+        return [data[i * seq:(i + 1) * seq] for i in range(n)]
+
+    moe = build_model(QUALITY_MOE, 2, "cpu").float()
+    dense_cfg = {k: v for k, v in QUALITY_MOE.items() if k not in QUALITY_DENSE_DROP}
+    dense = build_model(dict(dense_cfg, model_type="qwen3"), 2, "cpu").float()
+    calib = text("calib", 16, 128)
+    ev = text("eval", 8, 256)
+    batches = [Batch(torch.stack(ev[i:i + 4]), torch.ones(4, 256, dtype=torch.int64)) for i in range(0, 8, 4)]
+    rows = []
+    for scheme in ("fp8-tensor", "fp8-channel", "fp8-dynamic", "fp8-block"):
+        for label, base, data in (("moe", moe, calib), ("dense", dense, calib), ("moe, 6 calib tokens", moe, [calib[0][:6]])):
+            if label.startswith("moe, 6") and scheme not in ("fp8-tensor", "fp8-channel"):
+                continue  # dynamic schemes have no activation calibration
+            q = quantize_model(copy.deepcopy(base), data, scheme, progress=False)
+            r = evaluate_models({"bf16": base, "q": q}, "bf16", batches, progress=False)["q"]
+            rep = moe_report(q)
+            rows.append(dict(scheme=scheme, model=label, top1=r.top1_agreement, kl=r.kl, tokens=r.tokens,
+                             fp8_matrices=rep.fp8_matrices, high_precision=len(rep.high_precision),
+                             memory_ratio=rep.weight_memory_ratio,
+                             zero_token_experts=sum(t == 0 for x in rep.layers for t in (x.tokens or []))))
+            print(f"{scheme:12s} {label:20s} top-1 {r.top1_agreement:.4f}  KL {r.kl:.2e}  FP8 matrices {rep.fp8_matrices}"
+                  f"  kept {len(rep.high_precision)}  memory {rep.weight_memory_ratio:.3f}x  "
+                  f"experts with 0 tokens {rows[-1]['zero_token_experts']}")
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a short run (< 3 minutes on an H200)")
@@ -220,8 +267,17 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5, help="repetitions (medians)")
     ap.add_argument("--compile", action="store_true", help="also compiled static-cache generate")
     ap.add_argument("--skip-model", action="store_true", help="grouped GEMM part only")
+    ap.add_argument("--quality", action="store_true",
+                    help="only the CPU accuracy table: a tiny Qwen3-MoE and its dense twin, every preset")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = ap.parse_args(argv)
+    if args.quality:
+        rows = quality_part()
+        if args.out:
+            from benchmarks.common.results import environment, write_json
+
+            print(f"wrote {write_json('moe-quality', environment(), {}, rows, out=args.out)}")
+        return 0
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = dict(QWEN3_30B_A3B, **(TINY if args.tiny else {}))
     decode, prefill_list = DECODE_BATCHES, PREFILL_TOKENS

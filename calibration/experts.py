@@ -235,6 +235,19 @@ def quantize_experts(model: nn.Module, scheme: "str | QuantScheme", batches: lis
     if scheme.static and batches is None:
         raise CalibrationError(f"calib_data: static scheme {scheme.name!r} needs calibration data for the MoE experts")
     observers = calibrate_experts(model, targets, batches, progress=progress) if batches is not None else {}
+    return apply_experts_quantization(model, targets, scheme, observers, min_tokens)
+
+
+def apply_experts_quantization(model: nn.Module, targets: dict[str, nn.Module], scheme: "str | QuantScheme",
+                               observers: dict[str, ExpertsObserver], min_tokens: int = MIN_EXPERT_TOKENS) -> "MoEReport":
+    """Replace each ``targets`` experts module of ``model`` (in place) by an :class:`FP8Experts` of ``scheme``,
+    with the static scales of ``observers`` (from :func:`calibrate_experts`; ``{}`` for dynamic schemes
+    without calibration). Several schemes can be applied to copies of a model after one calibration
+    (the observers refer to the original modules, so keep the original alive). Returns :func:`moe_report`."""
+    scheme = resolve_scheme(scheme)
+    if scheme.static and any(n not in observers for n in targets):
+        raise CalibrationError(f"observers: static scheme {scheme.name!r} needs calibration statistics for every "
+                               f"experts module, missing {[n for n in targets if n not in observers][:3]}")
     with torch.no_grad():
         for name, src in targets.items():
             ob = observers.get(name)
