@@ -17,7 +17,9 @@ Per path and model:
 - the compiled decode step split into the decoder's linear layers (GEMM + activation quantization: the
   same layers called in order at M = batch, captured in one CUDA graph) and the rest (attention, norms,
   rotary, sampling, gaps = step - linear);
-- weight memory (all parameters, and the decoder linears alone) and peak GPU memory.
+- weight memory (all parameters, and the decoder linears alone) and peak GPU memory;
+- whether the compiled path's first 32 greedy tokens equal eager's, per sequence of the batch (random
+  weights give near-flat logits, so BF16's own row says how often the model itself flips).
 
 Writes a table and ``benchmarks/results/e2e-<UTC stamp>[-quick].json``.
 
@@ -140,20 +142,31 @@ def wall_s(fn) -> float:
     return time.perf_counter() - t0
 
 
-def generate_times(model, batch: int, prompt: int, new: int, compiled: bool, reps: int) -> dict:
-    """TTFT and decode tokens/s of greedy ``generate`` (eager dynamic cache, or compiled static cache)."""
-    ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device=DEVICE)
+#: Greedy tokens compared between the compiled and the eager path.
+COMPARED_TOKENS = 32
+
+
+def prompt_ids(vocab: int, batch: int, prompt: int) -> torch.Tensor:
+    """The same random prompt for every path and mode of one batch size."""
+    g = torch.Generator().manual_seed(batch * 7919 + prompt)
+    return torch.randint(0, vocab, (batch, prompt), generator=g).to(DEVICE)
+
+
+def generate_times(model, ids: torch.Tensor, new: int, compiled: bool, reps: int) -> dict:
+    """TTFT and decode tokens/s of greedy ``generate`` on ``ids`` (eager dynamic cache, or compiled
+    static cache), and the first :data:`COMPARED_TOKENS` new tokens (``tokens``, on the CPU)."""
     kw = dict(do_sample=False, cache_implementation="static") if compiled else dict(do_sample=False, disable_compile=True)
 
     def gen(n):
         return lambda: model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
 
     with torch.inference_mode():
-        gen(new)()  # warm-up: compiles and captures the decode step
+        first = gen(new)()  # warm-up: compiles and captures the decode step
         ttft = statistics.median(wall_s(gen(1)) for _ in range(reps))
         full = statistics.median(wall_s(gen(new)) for _ in range(max(1, reps - 1)))
     step = (full - ttft) / (new - 1)
-    return dict(ttft_ms=ttft * 1e3, step_ms=step * 1e3, decode_tok_s=batch / step)
+    return dict(ttft_ms=ttft * 1e3, step_ms=step * 1e3, decode_tok_s=ids.shape[0] / step,
+                tokens=first[:, ids.shape[1]: ids.shape[1] + COMPARED_TOKENS].cpu())
 
 
 def linear_step_ms(modules: list[nn.Module], batch: int) -> float:
@@ -227,12 +240,17 @@ def run_path(model, label: str, args, batches: list[int]) -> dict:
     row["decode"] = {}
     for b in batches:
         cell = {}
+        ids = prompt_ids(model.config.vocab_size, b, args.prompt)
         for mode, compiled in (("eager", False), ("compiled", True)):
             reset_compiled(model)
             try:
-                cell[mode] = generate_times(model, b, args.prompt, args.new_tokens, compiled, args.reps)
+                cell[mode] = generate_times(model, ids, args.new_tokens, compiled, args.reps)
             except Exception as e:  # noqa: BLE001 - a path that cannot run is reported, not fatal
                 cell[mode] = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        toks = [cell[m].pop("tokens", None) for m in ("eager", "compiled")]
+        # rows (sequences of the batch) whose first COMPARED_TOKENS greedy tokens agree, compiled vs eager
+        cell["same_tokens_rows"] = (None if any(t is None for t in toks)
+                                    else f"{int((toks[0] == toks[1]).all(dim=1).sum())}/{b}")
         lin_ms = linear_step_ms(lin, b)
         step = cell["compiled"].get("step_ms")
         cell["linear_ms"] = lin_ms
@@ -264,6 +282,8 @@ def fmt_cell(cell: dict) -> str:
                      else f"{mode} {c.get('error', '-')}")
     if cell.get("rest_ms") is not None:
         parts.append(f"step {cell['compiled']['step_ms']:.2f} ms = linear {cell['linear_ms']:.2f} + rest {cell['rest_ms']:.2f}")
+    if cell.get("same_tokens_rows") is not None:
+        parts.append(f"first {COMPARED_TOKENS} greedy tokens compiled == eager in {cell['same_tokens_rows']} rows")
     return "; ".join(parts)
 
 
