@@ -204,3 +204,23 @@ def test_log_once_under_concurrent_first_calls(monkeypatch, fresh_log):
     for t in threads:
         t.join()
     assert len([r for r in fresh_log.records if r.name == "fp8_linear"]) == 1
+
+
+def test_one_granularity_vocabulary_for_scale_kinds():
+    """fp8_gemm's scale kinds use quantize_fp8's / QuantScheme's words; the older "row" still reads."""
+    from fp8_linear.backends.base import GemmProblem
+    from fp8_linear.quantize import GRANULARITIES
+    from fp8_linear.scheme import ACTIVATION_GRANULARITIES, WEIGHT_GRANULARITIES
+
+    kinds = {}
+    for ka, kb in [((1,), (1,)), ((8, 1), (32, 1)), ((8, 1), (1, 1)), ((8, 2), (1, 2))]:
+        p = _problem(m=8, n=32, k=256 if ka[-1] == 2 else 64, ka=ka, kb=kb)
+        kinds[(ka, kb)] = (p.scale_a_kind, p.scale_b_kind)
+    assert kinds[((8, 1), (32, 1))] == ("token", "channel")
+    assert kinds[((8, 2), (1, 2))] == ("group", "block")
+    assert {a for a, _ in kinds.values()} <= set(ACTIVATION_GRANULARITIES)
+    assert {b for _, b in kinds.values()} <= set(WEIGHT_GRANULARITIES)
+    assert set(ACTIVATION_GRANULARITIES) | set(WEIGHT_GRANULARITIES) == set(GRANULARITIES)
+    p = _problem()
+    old = GemmProblem(p.a, p.b, p.scale_a, p.scale_b, None, torch.bfloat16, "row", "row")
+    assert (old.scale_a_kind, old.scale_b_kind) == ("token", "channel")
