@@ -18,7 +18,7 @@ stage() {  # stage NAME SECONDS CMD...: run CMD with a timeout capped by the tim
   timeout "$t" "$@" > "$OUT/$name.log" 2>&1
   echo "$name: rc=$? after ${SECONDS}s: $(tail -n 1 "$OUT/$name.log")" | tee -a "$OUT/summary.txt"
 }
-pip install --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1
+python -m pip install --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1
 # An install that did not map fp8_linear.kernels (a half-edited pyproject, say) makes every later stage
 # meaningless: stop here with the install log.
 if ! python -c "import fp8_linear.kernels" > "$OUT/import.log" 2>&1; then
