@@ -200,7 +200,7 @@ class FP8Linear(nn.Module):
             if t.device.type != "meta":
                 validate_scale(t, shape, key)  # also refuses wider floats that over- or underflow fp32
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
-        self.__dict__["_plan"] = None
+        self._try_prepare()  # planned now, not inside a first compiled call
 
     def _apply(self, fn, recurse=True):
         keep = [p for p in (self.weight, self.weight_scale, self.input_scale) if p is not None]
