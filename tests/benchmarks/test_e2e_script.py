@@ -1,0 +1,32 @@
+"""benchmarks/e2e.py end to end on small models of the same architectures (``--tiny --device cpu``):
+every path runs, the JSON holds every measurement, a forced backend that cannot run is a row with its
+reason, and the greedy-token comparison is recorded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import e2e
+
+
+@pytest.mark.slow
+def test_tiny_run_writes_every_measurement(tmp_path, capsys):
+    rc = e2e.main(["--tiny", "--device", "cpu", "--models", "llama3-8b", "--batches", "2", "--new-tokens", "3",
+                   "--prompt", "8", "--prefill", "16", "--reps", "1", "--presets", "fp8-dynamic",
+                   "--cublaslt", "fp8-dynamic", "--out", str(tmp_path)])
+    assert rc == 0
+    doc = json.loads(next(tmp_path.glob("e2e-*.json")).read_text())
+    rows = {r["path"]: r for r in doc["rows"]}
+    assert set(rows) >= {"bf16", "fp8-dynamic ours", "fp8-dynamic cublaslt"}
+    assert "needs a CUDA device" in rows["fp8-dynamic cublaslt"]["error"]
+    ours = rows["fp8-dynamic ours"]
+    assert ours["backends"] == ["emulated"] and ours["prefill_tok_s"] > 0
+    cell = ours["decode"]["2"]
+    for mode in ("eager", "compiled"):
+        assert cell[mode]["decode_tok_s"] > 0 and cell[mode]["ttft_ms"] > 0
+    assert cell["linear_ms"] > 0 and cell["same_tokens_rows"].endswith("/2")
+    assert ours["linear_weight_gb"] < rows["bf16"]["linear_weight_gb"]
+    assert any("2 of 2" in n or "torchao" in n for n in doc["meta"]["notes"])
+    assert "fp8-dynamic ours" in capsys.readouterr().out
