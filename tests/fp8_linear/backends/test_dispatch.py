@@ -224,3 +224,28 @@ def test_one_granularity_vocabulary_for_scale_kinds():
     p = _problem()
     old = GemmProblem(p.a, p.b, p.scale_a, p.scale_b, None, torch.bfloat16, "row", "row")
     assert (old.scale_a_kind, old.scale_b_kind) == ("token", "channel")
+
+
+@pytest.mark.parametrize("act", ["tensor", "token", "group"])
+def test_block_weights_take_any_activation_kind(act):
+    """Loaded block checkpoints come with 1x128 groups, per-token or static activations: each runs (the
+    GPU backends spread a per-tensor / per-token scale over the groups); the reference is fp64."""
+    from helpers import calc_diff
+
+    from fp8_linear import FP8Linear, QuantScheme
+    from fp8_linear.backends.base import LinearSpec
+    from fp8_linear.backends.cublaslt import CublasLtBackend as Lt
+    from fp8_linear.backends.sm90 import Sm90Backend, block_scales_available
+
+    scheme = QuantScheme(f"block-{act}", "block", act != "tensor", act)
+    lin = torch.nn.Linear(300, 200)
+    mod = FP8Linear.from_linear(lin, scheme, input_amax=8.0)
+    spec = LinearSpec.of(mod)
+    assert (spec.weight_kind, spec.activation_kind) == ("block", act)
+    ok, why = Sm90Backend._kinds_ok(spec.activation_kind, spec.weight_kind)
+    assert ok == block_scales_available()[0], why
+    assert "CUDA" in Lt._kinds_ok(act, "block", torch.device("cpu"), torch.float8_e4m3fn, torch.float8_e4m3fn)[1]
+    x = torch.randn(5, 300) * 2
+    ref = x.double() @ mod.dequantized_weight(torch.float64).t() + mod.bias.double()
+    assert calc_diff(mod(x), ref) < 1e-3  # quantized activations against the exact product
+    assert Sm90Backend._kinds_ok("group", "channel")[0] is False
