@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from .configs import CONFIGS, KernelConfig, select_config, select_splits
+from . import configs as configs_mod
+from .configs import CONFIG_BY_ID, CONFIGS, KernelConfig, config, select_config, select_splits
 
-__all__ = ["CONFIGS", "KernelConfig", "swap_ok", "is_block_scaled", "select_config", "select_splits", "sm90_gemm",
+__all__ = ["CONFIGS", "CONFIG_BY_ID", "KernelConfig", "config", "swap_ok", "is_block_scaled", "select_config", "select_splits", "sm90_gemm",
            "sm90_gemm_out", "OP_NAME", "BLOCK_SCALES", "SCALE_BLOCK"]
 
 #: The kernel takes fine-grained scales (1x128 activation groups with 128x128 weight blocks; see
@@ -43,21 +44,23 @@ def swap_ok(scale_a, out_dtype: torch.dtype) -> bool:
     return scale_a.numel() == 1 and out_dtype in (torch.bfloat16, torch.float16)
 
 
-def sm90_gemm_out(a, b, scale_a, scale_b, bias, out, config: int = -1, direct_store: bool = False,
+def sm90_gemm_out(a, b, scale_a, scale_b, bias, out, config: int | str = -1, direct_store: bool = False,
                   splits: int | None = None) -> torch.Tensor:
     """Run the kernel into a preallocated contiguous ``out`` ([M, N]); ``config=-1`` picks by shape and
-    :func:`swap_ok` (:func:`select_config`).
+    :func:`swap_ok` (:func:`select_config`), else a config id or name (``CONFIGS``).
     ``direct_store=True`` forces the register -> global epilogue instead of the TMA store (tests).
     ``splits``: split-K factor (an upper bound; 1 = off); ``None`` picks by shape (:func:`select_splits`).
     Fine-grained scales (:func:`is_block_scaled`) run the configs' block-scaled instances."""
     from . import jit
 
     m, n, k = a.shape[0], b.shape[0], a.shape[1]
+    if isinstance(config, str):
+        config = configs_mod.config(config).id
     if config < 0:
         block = is_block_scaled(scale_a, scale_b, m, n, k)
         config = select_config(m, n, k, swap_ok=not block and swap_ok(scale_a, out.dtype), block=block).id
     if splits is None:
-        splits = select_splits(CONFIGS[config], m, n, k) if 0 <= config < len(CONFIGS) else 1
+        splits = select_splits(CONFIG_BY_ID[config], m, n, k) if config in CONFIG_BY_ID else 1
     jit.load().gemm_out(a, b, scale_a, scale_b, bias, out, int(config), 1 if direct_store else 0, int(splits))
     return out
 

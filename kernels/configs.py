@@ -1,6 +1,9 @@
 """Kernel configurations of the sm90 FP8 GEMM and the shape-based choice among them.
 
-Pure Python (no CUDA, no build): the table must match ``include/sm90_api.h`` / ``sm90_launch.cuh``.
+Pure Python (no CUDA, no build). The one source of the config table: the C++ dispatch
+(``include/sm90_configs.cuh``: the kernel instances of each config, its tile width and operand order)
+is generated from :data:`CONFIGS` by ``python kernels/jit/_gen_configs.py`` (a test checks that the
+committed header is current).
 """
 
 from __future__ import annotations
@@ -14,49 +17,59 @@ BLOCK_K = 128
 
 @dataclass(frozen=True)
 class KernelConfig:
-    id: int
+    """One kernel configuration: the tile, the operand order, the accumulation schedule and which kernel
+    instances it has. The C++ dispatch (``include/sm90_configs.cuh``) is generated from :data:`CONFIGS`
+    by ``kernels/jit/_gen_configs.py``."""
+
+    id: int  # stable number (the op's ``config`` argument, FP8_LINEAR_SM90_CONFIG, benchmark commands)
+    name: str  # what it is: the tile (rows x columns on the kernel's A x B side), swap, accumulators
     block_n: int  # tile width on the kernel's B side
     swap_ab: bool  # True: kernel A = weight [N, K], kernel B = activation [M, K] (decode shapes)
     n_acc: int  # accumulators per 128-wide k-block: FP32 promotion every 128 / n_acc of K
-    cluster: int = 1  # CTAs per cluster (2: B tile multicast to a pair of row-blocks)
     double_acc: bool = False  # two accumulators: issue k-block i+1 before promoting k-block i
-    overlap: bool = False  # pipeline across tiles: next tile's first k-blocks run under this tile's epilogue
-    carry: bool = False  # the next tile's first k-block issued before this tile's epilogue (even k-blocks)
-    split_k: bool = False  # has split-K kernel instances (select_splits; sm90_launch.cuh config_splits_k)
-    block_scales: bool = False  # has BLK instances: 1x128 / 128x128 scales (sm90_launch.cuh launch_blk)
+    split_k: bool = False  # has split-K kernel instances (select_splits)
+    block_scales: bool = False  # has BLK instances: 1x128 / 128x128 scales
 
     @property
     def swap_tma_store(self) -> bool:
-        """Swapped large-M config whose 16-bit output goes through the transposed TMA store (configs 14,
-        15; sm90_tile.cuh swap_tma_width)."""
+        """Swapped large-M config whose 16-bit output goes through the transposed TMA store
+        (swap128x128_2acc, swap128x144_2acc; sm90_tile.cuh swap_tma_width)."""
         return self.swap_ab and self.block_n >= 128
 
 
+#: The configs the selection below can give (the others that were measured are in docs/kernel-log.md
+#: and git history: one accumulator at 128 x 128, promotion every 64, 2-CTA clusters, the pipeline
+#: carried across tiles; none was faster).
 CONFIGS: tuple[KernelConfig, ...] = (
-    KernelConfig(0, 128, False, 1),
-    KernelConfig(1, 16, True, 4, split_k=True, block_scales=True),
-    KernelConfig(2, 32, True, 4, split_k=True, block_scales=True),
-    KernelConfig(3, 64, True, 4, split_k=True, block_scales=True),
-    KernelConfig(4, 128, False, 2),  # promotion every 64: comparison, not selected (20% slower)
-    KernelConfig(5, 128, False, 1, 2),  # 2-CTA cluster, B multicast: correct, ~2% slower than 0 (kernel-log v6)
-    KernelConfig(6, 192, False, 1, block_scales=True),  # 128 x 192 tile: less shared-memory and L2 traffic per FLOP
-    KernelConfig(7, 128, False, 1, 1, True, split_k=True, block_scales=True),  # 0 with two accumulators (wait_group 1)
-    KernelConfig(8, 128, False, 1, 2, True),  # 7 on 2-CTA clusters, B multicast: 8% slower than 7 (kernel-log v8)
-    KernelConfig(9, 128, False, 1, 1, True, True),  # 7 + epilogue overlapped with the next tile (v9; slower)
-    KernelConfig(10, 144, False, 1, 1, True, split_k=True),  # 7 on a 128 x 144 tile (v10)
-    KernelConfig(11, 144, False, 1, 2, True),  # 10 on 2-CTA clusters, B multicast (v11)
-    KernelConfig(12, 128, False, 1, 1, True, carry=True),  # 7, next tile's kb 0 under the epilogue (v13): = 7 (+0.2%)
-    KernelConfig(13, 144, False, 1, 1, True, carry=True),  # 10, the same (v13): = 10 (+0.1%, docs/kernel-log.md v13)
-    KernelConfig(14, 128, True, 1, 1, True),  # 7 with A/B swapped: per-channel scale_b as a row scale (v21)
-    KernelConfig(15, 144, True, 1, 1, True),  # 10 with A/B swapped (v21)
+    KernelConfig(1, "swap128x16_4acc", 16, True, 4, split_k=True, block_scales=True),  # M <= 16
+    KernelConfig(2, "swap128x32_4acc", 32, True, 4, split_k=True, block_scales=True),  # M <= 32
+    KernelConfig(3, "swap128x64_4acc", 64, True, 4, split_k=True, block_scales=True),  # M <= 64, large N
+    KernelConfig(6, "tile128x192", 192, False, 1, block_scales=True),  # less shared-memory / L2 traffic per FLOP
+    KernelConfig(7, "tile128x128_2acc", 128, False, 1, True, split_k=True, block_scales=True),  # the large-M default
+    KernelConfig(10, "tile128x144_2acc", 144, False, 1, True, split_k=True),  # v10: 6% less operand traffic per FLOP
+    KernelConfig(14, "swap128x128_2acc", 128, True, 1, True),  # 7 with A/B swapped (v21)
+    KernelConfig(15, "swap128x144_2acc", 144, True, 1, True),  # 10 with A/B swapped (v21)
 )
+#: Config by id.
+CONFIG_BY_ID: dict[int, KernelConfig] = {c.id: c for c in CONFIGS}
+
+
+def config(token: int | str) -> KernelConfig:
+    """The config of id or name ``token`` (``7``, ``"7"`` or ``"tile128x128_2acc"``); ValueError listing
+    the known ones otherwise."""
+    for c in CONFIGS:
+        if str(token) in (str(c.id), c.name):
+            return c
+    raise ValueError(f"unknown sm90 kernel config {token!r}; expected an id or name of "
+                     f"{[(c.id, c.name) for c in CONFIGS]}")
+
 
 #: Config for M > 64 when no candidate below is better (the large-M workhorse): 128 x 128 with two
-#: accumulators. Config 0 (one accumulator, 10% slower: docs/kernel-log.md v7) stays selectable with
-#: FP8_LINEAR_SM90_CONFIG=0.
+#: accumulators (one accumulator was 10% slower: docs/kernel-log.md v7).
 LARGE_M_CONFIG = 7
 
-#: Large-M candidates: (config id, throughput per tile-FLOP relative to config 0 on full waves,
+#: Large-M candidates: (config id, throughput per tile-FLOP relative to a one-accumulator 128 x 128
+#: tile on full waves (docs/kernel-log.md v7),
 #: per-tile overhead in k-block equivalents: the tile's prologue, pipeline drain and epilogue), as
 #: measured on an H200 (docs/kernel-log.md v8, v10, v11). select_config estimates each one's time as
 #: waves x tile width x (k-blocks + overhead) / throughput and takes the fastest, so a wider tile wins
@@ -81,7 +94,7 @@ LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
 #: instances. Config 10's consumers (240 registers) have no room for the block factors: ptxas spilled
 #: 76-176 bytes with them (nvcc 13.0, docs/kernel-log.md "Block scales"), so it has none.
 BLOCK_LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = tuple(
-    c for c in LARGE_M_CANDIDATES if CONFIGS[c[0]].block_scales)
+    c for c in LARGE_M_CANDIDATES if CONFIG_BY_ID[c[0]].block_scales)
 
 #: Swapped twins of the large-M candidates: config 14 = 7 and config 15 = 10 with A/B swapped (the
 #: weight's rows on wgmma's M side; scale_b[n] is then a per-thread row scale loaded at the tile start,
@@ -123,21 +136,20 @@ MAX_SPLITS = 16
 BINDING_MAX_SPLITS = 64
 
 
-def tiles(config: KernelConfig, m: int, n: int) -> int:
+def tiles(cfg: KernelConfig, m: int, n: int) -> int:
     """Number of output tiles the persistent grid walks for an ``m x n`` output."""
-    rows_a, rows_b = (n, m) if config.swap_ab else (m, n)
-    return -(-rows_a // (BLOCK_M * config.cluster)) * -(-rows_b // config.block_n) * config.cluster
+    rows_a, rows_b = (n, m) if cfg.swap_ab else (m, n)
+    return -(-rows_a // BLOCK_M) * -(-rows_b // cfg.block_n)
 
 
-def estimated_cost(config: KernelConfig, m: int, n: int, rel_throughput: float, num_sms: int = 132,
+def estimated_cost(cfg: KernelConfig, m: int, n: int, rel_throughput: float, num_sms: int = 132,
                    k: int = BLOCK_K, tile_overhead_kb: float = 0.0) -> float:
     """Relative time of an ``m x n x k`` problem on ``config``: waves of the persistent grid times the
     time of one tile, ``BLOCK_M x block_n x (k-blocks + tile_overhead_kb)`` over the config's relative
     per-FLOP throughput (with no overhead, K cancels out between candidates)."""
-    grid = max(num_sms // config.cluster * config.cluster, config.cluster)
-    waves = -(-tiles(config, m, n) // grid)
+    waves = -(-tiles(cfg, m, n) // max(num_sms, 1))
     num_kb = -(-k // BLOCK_K)
-    return waves * BLOCK_M * config.block_n * (num_kb + tile_overhead_kb) / rel_throughput
+    return waves * BLOCK_M * cfg.block_n * (num_kb + tile_overhead_kb) / rel_throughput
 
 
 def _env_int(name: str, lo: int, hi: int, what: str) -> int | None:
@@ -176,15 +188,18 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
     """
     if m <= 0 or n <= 0 or k <= 0:
         raise ValueError(f"select_config: empty problem m={m}, n={n}, k={k}")
-    idx = _env_int(ENV_CONFIG, 0, len(CONFIGS) - 1, "an integer config id")
-    if idx is not None:
-        return CONFIGS[idx]
+    forced = os.environ.get(ENV_CONFIG)
+    if forced not in (None, ""):
+        try:
+            return config(forced)
+        except ValueError as e:
+            raise ValueError(f"{ENV_CONFIG}={forced!r}: {e}") from None
     if m <= 16:
-        return CONFIGS[1]
+        return CONFIG_BY_ID[1]
     if m <= 32:
-        return CONFIGS[2]
+        return CONFIG_BY_ID[2]
     if m <= 64 and -(-n // BLOCK_M) >= SWAP64_MIN_N_BLOCKS:
-        return CONFIGS[3]
+        return CONFIG_BY_ID[3]
     if block:
         return _fastest(BLOCK_LARGE_M_CANDIDATES, m, n, k, num_sms)
     best = _fastest(LARGE_M_CANDIDATES, m, n, k, num_sms)
@@ -196,11 +211,11 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
 def _fastest(candidates: tuple[tuple[int, float, float], ...], m: int, n: int, k: int, num_sms: int) -> KernelConfig:
     """The candidate ``(config id, relative throughput, tile overhead)`` of least :func:`estimated_cost`
     (the first of equals)."""
-    best, best_cost = CONFIGS[candidates[0][0]], float("inf")
+    best, best_cost = CONFIG_BY_ID[candidates[0][0]], float("inf")
     for cid, rel, overhead in candidates:
-        cost = estimated_cost(CONFIGS[cid], m, n, rel, num_sms, k, overhead)
+        cost = estimated_cost(CONFIG_BY_ID[cid], m, n, rel, num_sms, k, overhead)
         if cost < best_cost:
-            best, best_cost = CONFIGS[cid], cost
+            best, best_cost = CONFIG_BY_ID[cid], cost
     return best
 
 

@@ -19,7 +19,7 @@ def block_sweep(kern, configs, cfgs, fmts, outs) -> tuple[int, int]:
     multi_tile = [(1100, 2000, 112, None), (1030, 2056, 384, None)]
     runs = bad = 0
     for cfg in cfgs:
-        c = configs.CONFIGS[cfg]
+        c = configs.CONFIG_BY_ID[cfg]
         if not c.block_scales:
             continue
         cfg_shapes = shapes + (multi_tile if not c.swap_ab else []) + ([(70, 300, 2064, 5)] if c.split_k else [])
@@ -51,7 +51,7 @@ def main() -> int:
     import argparse
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--configs", default="", help="comma list of config ids (default: all)")
+    ap.add_argument("--configs", default="", help="comma list of config ids or names (default: all)")
     ap.add_argument("--block", action="store_true",
                     help="only the block-scaled launches (1x128 x 128x128 scales) of the configs that have them")
     args = ap.parse_args()
@@ -63,24 +63,23 @@ def main() -> int:
     outs = [torch.bfloat16, torch.float16, torch.float32]
     shapes = [(1, 72, 48), (7, 200, 16), (129, 8, 1040), (64, 136, 272), (200, 264, 400)]
     # More 128 x 128 tiles (144, 153) than SMs, so CTAs cross tile boundaries (the reuse of the epilogue's
-    # staging, config 9's pipeline across tiles): one, an even and an odd number of k-blocks per tile.
-    # Only for the default large-M config, the schedule variants (overlap, carry) and the swapped large-M config
+    # staging, the stage ring): one, an even and an odd number of k-blocks per tile.
+    # Only for the default large-M config and the swapped large-M configs
     # (its transposed staging; with N = 2000 its tiles cross the weight's rows): these shapes are ~40x the outputs of
     # the small ones, and racecheck's time grows with the shared-memory stores of the epilogue.
     multi_tile = [(1100, 2000, 112), (1030, 2056, 256), (1100, 2000, 384)]
     bad = 0
     runs = 0
-    cfgs = [int(c) for c in args.configs.split(",") if c.strip()] or list(range(len(configs.CONFIGS)))
+    cfgs = [configs.config(c.strip()).id for c in args.configs.split(",") if c.strip()] or [c.id for c in configs.CONFIGS]
     if args.block:
         runs, bad = block_sweep(kern, configs, cfgs, fmts, outs)
         torch.cuda.synchronize()
         print(f"sanitize_driver --block: {runs} launches, {bad} wrong")
         return 1 if bad else 0
     for cfg in cfgs:
-        c = configs.CONFIGS[cfg]
+        c = configs.CONFIG_BY_ID[cfg]
         cfg_shapes = [(*s, None) for s in shapes]
-        cfg_shapes += [(*s, None) for s in multi_tile] if (getattr(c, "overlap", False) or getattr(c, "carry", False)
-                                                               or c.id == configs.LARGE_M_CONFIG or c.swap_tma_store) else []
+        cfg_shapes += [(*s, None) for s in multi_tile] if (c.id == configs.LARGE_M_CONFIG or c.swap_tma_store) else []
         # split K forced (17 k-blocks -> 5 ranges of 4, the last of 1; M / N tails) where the config can split
         cfg_shapes += [(70, 300, 2064, 5)] if c.split_k else []
         for i, (m, n, k, splits) in enumerate(cfg_shapes):

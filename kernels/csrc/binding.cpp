@@ -262,5 +262,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("input_scale"), pybind11::arg("weight_scale"),
         pybind11::arg("bias"), pybind11::arg("act_mode"), pybind11::arg("config"), pybind11::arg("fmt_max"),
         pybind11::arg("min_scale"), pybind11::arg("splits") = 1);
-  m.attr("num_configs") = static_cast<int>(fp8sm90::kNumConfigs);
 }

@@ -3,5 +3,5 @@
 #include "sm90_launch.cuh"
 
 namespace fp8sm90 {
-template const char* launch_fmt<1, 0>(const LaunchArgs&, cudaStream_t);
+template const char* launch_config<1, 0>(const LaunchArgs&, cudaStream_t, bool, bool);
 }  // namespace fp8sm90

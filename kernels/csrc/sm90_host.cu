@@ -12,10 +12,10 @@
 
 namespace fp8sm90 {
 
-extern template const char* launch_fmt<0, 0>(const LaunchArgs&, cudaStream_t);
-extern template const char* launch_fmt<0, 1>(const LaunchArgs&, cudaStream_t);
-extern template const char* launch_fmt<1, 0>(const LaunchArgs&, cudaStream_t);
-extern template const char* launch_fmt<1, 1>(const LaunchArgs&, cudaStream_t);
+extern template const char* launch_config<0, 0>(const LaunchArgs&, cudaStream_t, bool, bool);
+extern template const char* launch_config<0, 1>(const LaunchArgs&, cudaStream_t, bool, bool);
+extern template const char* launch_config<1, 0>(const LaunchArgs&, cudaStream_t, bool, bool);
+extern template const char* launch_config<1, 1>(const LaunchArgs&, cudaStream_t, bool, bool);
 
 namespace {
 
@@ -52,7 +52,7 @@ int raster_group_m() {
 }
 
 // Grid size rule (FP8_LINEAR_SM90_EVEN_WAVES=1; read at every launch, for benchmarks): the fewest CTAs
-// (clusters) that still finish in the same number of waves, so that every CTA takes the same number of
+// that still finish in the same number of waves, so that every CTA takes the same number of
 // tiles and the SMs left over stay idle (under the card's power cap, fewer busy SMs may keep a higher
 // clock). Off by default. Any grid gives the same results, bit for bit (each tile is one CTA's work).
 int even_waves() {
@@ -126,7 +126,8 @@ const char* make_out_map(CUtensorMap* map, void* ptr, int M, int N, int out_kind
 }  // namespace
 
 const char* gemm(const GemmArgs& g, cudaStream_t stream) {
-  if (g.config < 0 || g.config >= kNumConfigs) return "config id out of range";
+  ConfigInfo info{};
+  if (!config_info(g.config, info)) return "unknown kernel config id (kernels/configs.py CONFIGS)";
   if (g.M <= 0 || g.N <= 0 || g.K <= 0) return "empty problem";
   if (g.K % 16 != 0) return "K must be a multiple of 16";
   {
@@ -147,9 +148,8 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   }
   if ((reinterpret_cast<uintptr_t>(g.a) | reinterpret_cast<uintptr_t>(g.b)) % 16 != 0)
     return "operand pointers must be 16-byte aligned";
-  int bn, cluster;
-  bool swap;
-  config_shape(g.config, bn, swap, cluster);
+  const int bn = info.block_n;
+  const bool swap = info.swap_ab;
 
   // Heap-allocated (C++17 aligned new): CUtensorMap needs 64-byte alignment, which a thread's stack
   // frame does not always give.
@@ -170,7 +170,7 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   la.ep.N = g.N;
   la.blk = g.scale_block ? 1 : 0;
   if (la.blk) {
-    if (!config_block_scales(g.config)) return "block scales are not supported by this config (only 1, 2, 3, 6, 7)";
+    if (!info.block_scales) return "block scales are not supported by this config (kernels/configs.py block_scales)";
     const long kbn = (g.K + kBK - 1) / kBK;
     if (static_cast<long>(g.M) * kbn >= (1L << 31) || static_cast<long>((g.N + kBK - 1) / kBK) * kbn >= (1L << 31))
       return "block scales: M x ceil(K/128) and ceil(N/128) x ceil(K/128) must be below 2^31";
@@ -189,7 +189,7 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   la.ep.kb_per_split = num_kb;
   la.ep.split_stride = 0;
   if (g.splits > 1) {
-    if (!config_splits_k(g.config)) return "split K is not supported by this config (only 1, 2, 3, 7, 10)";
+    if (!info.split_k) return "split K is not supported by this config (kernels/configs.py split_k)";
     if (g.workspace == nullptr) return "split K needs a workspace";
     // kb_per k-blocks per split, and only as many splits as that leaves non-empty (<= g.splits).
     la.ep.kb_per_split = (num_kb + g.splits - 1) / g.splits;
@@ -210,8 +210,8 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   const void* kb = swap ? g.a : g.b;
   la.rows_a = swap ? g.N : g.M;
   la.rows_b = swap ? g.M : g.N;
-  {  // the tile walk's divisors (tile_coords, split_tile), as in the kernels: num_m in pair-rows on clusters
-    const int num_mp = ((la.rows_a + kBM - 1) / kBM + cluster - 1) / cluster;
+  {  // the tile walk's divisors (tile_coords, split_tile), as in the kernels
+    const int num_mp = (la.rows_a + kBM - 1) / kBM;
     const int num_n = (la.rows_b + bn - 1) / bn;
     const int gm = la.ep.group_m;
     la.ep.div_per_group = make_fast_div(gm * num_n);
@@ -222,7 +222,7 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   const int fa = swap ? g.fmt_b : g.fmt_a;
   const int fb = swap ? g.fmt_a : g.fmt_b;
   if (const char* e = make_map(&la.tma_a, ka, la.rows_a, g.K, kBM)) return e;
-  if (const char* e = make_map(&la.tma_b, kb, la.rows_b, g.K, bn / cluster)) return e;
+  if (const char* e = make_map(&la.tma_b, kb, la.rows_b, g.K, bn)) return e;
   const int esize = g.out_kind == 0 ? 4 : 2;
   // TMA stores: the non-swapped configs, and the swapped large-M ones (configs 14, 15) for 16-bit outputs
   // (transposed staging, see stage_tile_16bit_swap); other swapped launches store directly.
@@ -243,10 +243,11 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   }
 
   const char* err = "unknown fp8 format code";
-  if (fa == 0 && fb == 0) err = launch_fmt<0, 0>(la, stream);
-  else if (fa == 0 && fb == 1) err = launch_fmt<0, 1>(la, stream);
-  else if (fa == 1 && fb == 0) err = launch_fmt<1, 0>(la, stream);
-  else if (fa == 1 && fb == 1) err = launch_fmt<1, 1>(la, stream);
+  const bool blk = la.blk != 0;
+  if (fa == 0 && fb == 0) err = launch_config<0, 0>(la, stream, split, blk);
+  else if (fa == 0 && fb == 1) err = launch_config<0, 1>(la, stream, split, blk);
+  else if (fa == 1 && fb == 0) err = launch_config<1, 0>(la, stream, split, blk);
+  else if (fa == 1 && fb == 1) err = launch_config<1, 1>(la, stream, split, blk);
   if (err != nullptr || !split) return err;
   return splitk_reduce(g.workspace, la.ep.splits, g.M, g.N, g.bias, g.bias ? g.bias_kind : 0, g.out, g.out_kind, stream);
 }

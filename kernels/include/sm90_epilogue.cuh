@@ -176,7 +176,7 @@ __device__ __forceinline__ void epi_values(const float (&acc)[BN / 2], const Epi
 // matrices (j0, 0), (j0, 1), (j0 + 1, 0), (j0 + 1, 1), lane l giving the address of row l % 8 of
 // matrix l / 8 (one 16-byte chunk, swizzled: chunk index XOR row % 8). The values come from epi_values
 // (column scales and biases from the shared vectors as MODE needs them).
-template <int BN, bool BF16, EpiMode MODE, bool PACK_FIRST>
+template <int BN, bool BF16, EpiMode MODE>
 __device__ __forceinline__ void stage_tile_16bit(const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf,
                                                  const float* vs, const float* vb, uint8_t* ctile, uint8_t* strip,
                                                  int lane, int warp) {
@@ -191,9 +191,8 @@ __device__ __forceinline__ void stage_tile_16bit(const float (&acc)[BN / 2], con
   // could alias it, so with the stores interleaved each load's latency was exposed once per 16 columns
   // (ncu, docs/kernel-log.md: the per-channel launch's FFMAs waiting on short_sb at 6144^2 x 1280). The
   // packed tile takes half the accumulator's registers. kUniform loads nothing and keeps the
-  // interleaved order (its code is unchanged), and so does config 9 (PACK_FIRST false: it keeps the
-  // next tile's k-blocks in flight here, and the packed tile spilled 52 bytes).
-  constexpr bool kPackFirst = PACK_FIRST && MODE != EpiMode::kUniform;
+  // interleaved order (its code is unchanged).
+  constexpr bool kPackFirst = MODE != EpiMode::kUniform;
   constexpr int kStrip = (BN - staged_cols<BN>()) / 16;  // pairs of 8-column fragments in the strip
   constexpr int kStaged = staged_cols<BN>() / 16;
   uint32_t packed[kStrip + kStaged][4];  // [strip pairs..., staged pairs...]
@@ -227,15 +226,15 @@ __device__ __forceinline__ void stage_tile_16bit(const float (&acc)[BN / 2], con
   }
 }
 
-template <int BN, bool BF16, bool PACK_FIRST>
+template <int BN, bool BF16>
 __device__ __forceinline__ void stage_16bit_mode(EpiMode mode, const float (&acc)[BN / 2], const EpiPrefetch<BN>& pf,
                                                  const float* vs, const float* vb, uint8_t* ctile, uint8_t* strip,
                                                  int lane, int warp) {
   switch (mode) {
-    case EpiMode::kUniform: stage_tile_16bit<BN, BF16, EpiMode::kUniform, PACK_FIRST>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
-    case EpiMode::kFolded: stage_tile_16bit<BN, BF16, EpiMode::kFolded, PACK_FIRST>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
-    case EpiMode::kColScale: stage_tile_16bit<BN, BF16, EpiMode::kColScale, PACK_FIRST>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
-    default: stage_tile_16bit<BN, BF16, EpiMode::kGeneral, PACK_FIRST>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
+    case EpiMode::kUniform: stage_tile_16bit<BN, BF16, EpiMode::kUniform>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
+    case EpiMode::kFolded: stage_tile_16bit<BN, BF16, EpiMode::kFolded>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
+    case EpiMode::kColScale: stage_tile_16bit<BN, BF16, EpiMode::kColScale>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
+    default: stage_tile_16bit<BN, BF16, EpiMode::kGeneral>(acc, pf, vs, vb, ctile, strip, lane, warp); break;
   }
 }
 
@@ -286,7 +285,7 @@ __device__ __forceinline__ void stage_tile_16bit_swap(const float (&acc)[BN / 2]
 // row = 16*warp + lane/4 + 8*i, col = 8*j + 2*(lane%4) + e  (of the warpgroup's 64 x BN block).
 // vec: this warpgroup's shared column vectors, [0, BN) scale, [BN, 2BN) bias.
 // ctile: this warpgroup's 64 x BN output staging buffer (TMA store path).
-template <int BN, bool SWAP, bool PACK_FIRST = true>
+template <int BN, bool SWAP>
 __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiParams& ep, const EpiPrefetch<BN>& pf,
                                          const float* vec, uint8_t* ctile, const CUtensorMap* tma_out,
                                          int row0, int col_base, int lr0, int lane, int tid, int bar_id,
@@ -362,8 +361,8 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
         constexpr int W = 64;  // 16-bit elements per 128-byte swizzle row
         const EpiMode mode = epi_mode(ep);
         const int w = tid / 32;
-        if (ep.out_kind == 1) stage_16bit_mode<BN, true, PACK_FIRST>(mode, acc, pf, vs, vb, ctile, strip, lane, w);
-        else stage_16bit_mode<BN, false, PACK_FIRST>(mode, acc, pf, vs, vb, ctile, strip, lane, w);
+        if (ep.out_kind == 1) stage_16bit_mode<BN, true>(mode, acc, pf, vs, vb, ctile, strip, lane, w);
+        else stage_16bit_mode<BN, false>(mode, acc, pf, vs, vb, ctile, strip, lane, w);
         fence_proxy_async();  // generic-proxy smem writes -> visible to the TMA engine
         named_bar_sync(bar_id, 128);
         if (tid == 0 && tile_row0 < ep.M) {
@@ -448,7 +447,7 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
 // (bulk_wait_read0) and every thread passed barrier bar_id (the warpgroup's own named barrier, 128
 // threads: nobody still reads vec / ctile of the previous tile), publish this tile's column
 // scales/bias to vec, barrier again (vec complete), then the epilogue.
-template <int BN, bool SWAP, bool PACK_FIRST = true>
+template <int BN, bool SWAP>
 __device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const EpiParams& ep, const EpiPrefetch<BN>& pf,
                                             float* vec, uint8_t* ctile, const CUtensorMap* tma_out, int row0,
                                             int col_base, int lr0, int lane, int tid, int bar_id, int tile_row0,
@@ -459,7 +458,7 @@ __device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const Ep
   epi_publish_cols<BN>(vec, pf, tid, mode == EpiMode::kFolded,
                        mode == EpiMode::kFolded || mode == EpiMode::kColScale);
   named_bar_sync(bar_id, 128);
-  epilogue<BN, SWAP, PACK_FIRST>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0,
+  epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0,
                                  out_off);
 }
 

@@ -1,6 +1,6 @@
 // The sm90 GEMM's main loop: one 128-wide k-block as four wgmma k32 steps, the FP32 promotion, the
 // two-accumulator consumer loop (mainloop_double), the stage barriers and the producer thread's TMA
-// loads (B multicast on 2-CTA clusters).
+// loads.
 #pragma once
 #include <cstdint>
 
@@ -33,15 +33,9 @@ __device__ __forceinline__ void issue_kblock(float (&acc)[NACC][BN / 2], const u
   wgmma_commit();
 }
 
-// Arrive on the empty barrier of stage `s` once per warp, on every CTA that writes into this stage:
-// with clusters, lane r arrives on CTA r's (both CTAs multicast into both), in parallel.
-template <int CL>
+// Arrive on the empty barrier of stage `s` once per warp (lane 0).
 __device__ __forceinline__ void release_stage(uint64_t* empty, int s, int lane) {
-  if constexpr (CL == 1) {
-    if (lane == 0) mbar_arrive(&empty[s]);
-  } else {
-    if (lane < CL) mbar_arrive_cluster(&empty[s], lane);
-  }
+  if (lane == 0) mbar_arrive(&empty[s]);
 }
 
 // FP32 promotion: fin += the k-block's partial sums (NACC accumulators).
@@ -94,7 +88,7 @@ struct BlkPromote {
 // its address arithmetic and loads then overlap the MMAs instead of delaying the first issue).
 // pro: the promotion (PlainPromote or BlkPromote); f0 / f1: the factors of a0's / a1's k-block, loaded
 // from its stage right after its full barrier, before its wgmmas are issued.
-template <int BN, int CL, int FA, int FB, int S, int kStageA, int kStageB, class AfterFirst, class Pro>
+template <int BN, int FA, int FB, int S, int kStageA, int kStageB, class AfterFirst, class Pro>
 __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint8_t* sA, const uint8_t* sB,
                                                 uint64_t* full, uint64_t* empty, int& stage, uint32_t& phase,
                                                 int num_kb, int lane, AfterFirst&& after_first, const Pro& pro) {
@@ -116,7 +110,7 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
     if (kb == num_kb) {
       wgmma_wait<0>();
       pro.before_release();
-      release_stage<CL>(empty, prev, lane);
+      release_stage(empty, prev, lane);
       pro.promote(fin, a0, f0);
       break;
     }
@@ -125,14 +119,14 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
     issue_kblock<BN, 1, FA, FB>(a1, sA + stage * kStageA, sB + stage * kStageB);
     wgmma_wait<1>();
     pro.before_release();
-    release_stage<CL>(empty, prev, lane);
+    release_stage(empty, prev, lane);
     pro.promote(fin, a0, f0);
     prev = stage;
     advance();
     if (++kb == num_kb) {
       wgmma_wait<0>();
       pro.before_release();
-      release_stage<CL>(empty, prev, lane);
+      release_stage(empty, prev, lane);
       pro.promote(fin, a1, f1);
       break;
     }
@@ -141,7 +135,7 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
     issue_kblock<BN, 1, FA, FB>(a0, sA + stage * kStageA, sB + stage * kStageB);
     wgmma_wait<1>();
     pro.before_release();
-    release_stage<CL>(empty, prev, lane);
+    release_stage(empty, prev, lane);
     pro.promote(fin, a1, f1);
     prev = stage;
     advance();
@@ -150,10 +144,10 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
 
 // Thread 0: prefetch the operand tensor maps and initialise the stage barriers.
 //   full[s]:  1 arrival (the producer's arrive.expect_tx) + the stage's TMA bytes; consumers wait on it.
-//   empty[s]: one arrival per consumer warp (2 warpgroups x 4 warps) of every CTA reading the stage;
-//             the producer waits on it before refilling the stage.
+//   empty[s]: one arrival per consumer warp (2 warpgroups x 4 warps); the producer waits on it
+//             before refilling the stage.
 //   (BLK: full[s] also expects the scale loader's kLoaderLanes arrivals: kFull = kBlkFullArrivals.)
-template <int S, int CL, int kFull = 1>
+template <int S, int kFull = 1>
 __device__ __forceinline__ void init_stage_barriers(const CUtensorMap* tma_a, const CUtensorMap* tma_b,
                                                     uint64_t* full, uint64_t* empty) {
   tma_prefetch_desc(tma_a);
@@ -161,37 +155,30 @@ __device__ __forceinline__ void init_stage_barriers(const CUtensorMap* tma_a, co
 #pragma unroll
   for (int s = 0; s < S; ++s) {
     mbar_init(&full[s], kFull);
-    mbar_init(&empty[s], 8 * CL);  // one arrival per consumer warp (2 warpgroups x 4 warps) per CTA
+    mbar_init(&empty[s], 8);  // one arrival per consumer warp (2 warpgroups x 4 warps)
   }
   fence_mbar_init();
   fence_proxy_async();
 }
 
 // The producer thread: for every tile of this CTA, every k-block: wait until the stage is empty, then
-// load A (128 rows) and B (BN rows; with clusters half of it, multicast) into it, completing on full[].
-template <int BN, int CL, int S, int kStageA, int kStageB, int kStage, bool SPLIT = false>
+// load A (128 rows) and B (BN rows) into it, completing on full[].
+template <int BN, int S, int kStageA, int kStageB, int kStage, bool SPLIT = false>
 __device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CUtensorMap* tma_b, uint8_t* sA,
                                               uint8_t* sB, uint64_t* full, uint64_t* empty, int first_tile,
-                                              int num_tiles, int tile_step, int num_mp, int num_kb,
-                                              uint32_t rank, const EpiParams& ep) {
+                                              int num_tiles, int tile_step, int num_m, int num_kb,
+                                              const EpiParams& ep) {
   int stage = 0;
   uint32_t phase = 0;
   for (int t = first_tile; t < num_tiles; t += tile_step) {
     int tile, split, kb0, nkb, mb, nb;
     split_tile<SPLIT>(t, ep, num_kb, tile, split, kb0, nkb);
-    tile_coords(tile, num_mp, ep, mb, nb);
-    mb = mb * CL + rank;
+    tile_coords(tile, num_m, ep, mb, nb);
     for (int kb = kb0; kb < kb0 + nkb; ++kb) {
       mbar_wait(&empty[stage], phase ^ 1);
       mbar_arrive_expect_tx(&full[stage], kStage);  // OOB parts are zero-filled and still counted
       tma_load_2d(sA + stage * kStageA, tma_a, &full[stage], kb * kBK, mb * kBM);
-      if constexpr (CL == 1) {
-        tma_load_2d(sB + stage * kStageB, tma_b, &full[stage], kb * kBK, nb * BN);
-      } else {
-        constexpr int kHalf = BN / 2;
-        tma_load_2d_mc(sB + stage * kStageB + rank * kHalf * kBK, tma_b, &full[stage], kb * kBK,
-                       nb * BN + rank * kHalf, static_cast<uint16_t>(0x3));
-      }
+      tma_load_2d(sB + stage * kStageB, tma_b, &full[stage], kb * kBK, nb * BN);
       if (++stage == S) {
         stage = 0;
         phase ^= 1;

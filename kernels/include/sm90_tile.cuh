@@ -14,7 +14,7 @@ constexpr int kBM = 128;
 constexpr int kBK = 128;
 constexpr int kThreads = 384;
 constexpr int kSmemLimit = 227 * 1024;
-// Tile raster: groups of EpiParams::group_m row-blocks (pair-rows with clusters), column-major inside a
+// Tile raster: groups of EpiParams::group_m row-blocks, column-major inside a
 // group, so that a group's A panel stays in L2 while its columns go by. kGroupM is the default.
 constexpr int kGroupM = 16;
 
@@ -39,7 +39,7 @@ struct EpiParams {
   long split_stride;  // elements between two splits' [M, N] partial outputs
   // The tile walk's divisors as host-made FastDiv constants (tile_coords, split_tile): group_m x
   // num_n tiles per raster group, group_m, the last group's height (num_m % group_m, or group_m),
-  // and splits. num_m counts pair-rows with clusters.
+  // and splits.
   FastDiv div_per_group, div_group, div_last, div_splits;
   // Fine-grained scales (the BLK kernel instances, sm90_blockscale.cuh): scale_a [M, blk_kb] (1 x 128
   // activation groups) and scale_b [ceil(N / 128), blk_kb] (128 x 128 weight blocks), fp32 row-major,
@@ -118,7 +118,7 @@ struct RegSplit {
   static_assert(128 * kProducer + 256 * kConsumer <= 65536, "register file");
 };
 
-// Tile t -> row block mb (pair-row with clusters), column block nb: raster group g = t / (group_m x
+// Tile t -> row block mb, column block nb: raster group g = t / (group_m x
 // num_n) holds row blocks [g x group_m, + group_m) (the last group may hold fewer), column-major inside.
 // The divisions use the host's FastDiv constants (EpiParams::div_*): with `/` each one was ~30
 // dependent instructions at every tile start, while the tensor cores wait (ncu source counters,

@@ -26,23 +26,6 @@ def one(n: int, ta: str, tb: str) -> str:
 """
 
 
-def one_zero(n: int, ta: str, tb: str) -> str:
-    """The same with scale-d = false (D = A x B): the accumulator is write-only ("=f"), so the compiler
-    does not keep its old value alive for the instruction (the carried schedule, configs 12/13)."""
-    nreg = n // 2
-    regs = ", ".join(f"%{i}" for i in range(nreg))
-    outs = ", ".join(f'"=f"(d[{i}])' for i in range(nreg))
-    return f"""__device__ __forceinline__ void wgmma_m64n{n}k32_{ta}_{tb}_zero(float (&d)[{nreg}], uint64_t da, uint64_t db) {{
-  asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nreg + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.{ta}.{tb} "
-      "{{{regs}}}, %{nreg}, %{nreg + 1}, p, 1, 1;\\n}}\\n"
-      : {outs}
-      : "l"(da), "l"(db), "r"(0));
-}}
-"""
-
-
 def dispatcher(name: str, args: str, call_args: str, suffix: str) -> list[str]:
     parts = ["template <int N, int FA, int FB>\n",
              f"__device__ __forceinline__ void {name}(float (&d)[N / 2], {args}) {{\n"]
@@ -67,11 +50,8 @@ def main() -> None:
         for ta, _ in FMTS:
             for tb, _ in FMTS:
                 parts.append(one(n, ta, tb))
-                parts.append(one_zero(n, ta, tb))
     parts.append("\n// FA/FB: 0 = e4m3, 1 = e5m2.\n")
     parts += dispatcher("wgmma_fp8", "uint64_t da, uint64_t db, int scale_d", "da, db, scale_d", "")
-    parts.append("// scale-d = false: d = A x B, the accumulator write-only.\n")
-    parts += dispatcher("wgmma_fp8_zero", "uint64_t da, uint64_t db", "da, db", "_zero")
     parts.append("}  // namespace fp8sm90\n")
     out = pathlib.Path(__file__).resolve().parents[1] / "include" / "sm90_wgmma.cuh"
     out.write_text("".join(parts))

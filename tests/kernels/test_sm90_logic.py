@@ -122,7 +122,7 @@ def test_select_config_wave_model(monkeypatch):
     """A wider tile wins only where its coarser waves and costlier epilogue cost less than its per-FLOP
     gain (docs/kernel-log.md v7 and v10)."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
-    c7, c6, c10 = configs.CONFIGS[7], configs.CONFIGS[6], configs.CONFIGS[10]
+    c7, c6, c10 = configs.CONFIG_BY_ID[7], configs.CONFIG_BY_ID[6], configs.CONFIG_BY_ID[10]
     # 8192^3: 4096 tiles = 31.03 waves of 132 (32 launched) vs 64 x 43 = 2752 tiles = 20.85 (21)
     # vs 64 x 57 = 3648 tiles = 27.6 (28)
     assert configs.tiles(c7, 8192, 8192) == 4096 and configs.tiles(c6, 8192, 8192) == 64 * 43
@@ -151,8 +151,8 @@ def test_select_config_swapped_twins(monkeypatch):
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
     for cid, twin in ((7, 14), (10, 15)):
-        a, b = configs.CONFIGS[cid], configs.CONFIGS[twin]
-        assert (b.block_n, b.swap_ab, b.n_acc, b.cluster, b.double_acc) == (a.block_n, True, 1, 1, True)
+        a, b = configs.CONFIG_BY_ID[cid], configs.CONFIG_BY_ID[twin]
+        assert (b.block_n, b.swap_ab, b.n_acc, b.double_acc) == (a.block_n, True, 1, True)
         # the twin's tile grid is the transposed one
         assert configs.tiles(b, 6144, 4096) == configs.tiles(a, 4096, 6144)
     # N = M: the twin of the non-swapped choice (same grid, same estimate)
@@ -204,51 +204,65 @@ def test_config10_overhead_moves_only_the_short_k_shape(monkeypatch):
     assert {s for s in shapes if now[s] != before[s]} == {(6144, 6144, 1280)}
 
 
-def test_config_table_matches_header():
-    hdr = (jit.INCLUDE_DIR / "sm90_api.h").read_text()
-    assert f"kNumConfigs = {len(configs.CONFIGS)}" in hdr
-    src = (jit.INCLUDE_DIR / "sm90_launch.cuh").read_text()
-    src = src[src.index("const char* launch_fmt("):]  # the per-scale switch (launch_blk, before it: test_block_logic.py)
+def test_generated_config_header_is_current():
+    """include/sm90_configs.cuh is what kernels/jit/_gen_configs.py makes of configs.CONFIGS."""
+    from fp8_linear.kernels.jit import _gen_configs
+
+    assert _gen_configs.HEADER.read_text() == _gen_configs.render()
+
+
+def test_generated_config_header_instances():
+    """Per config, its instances in launch_config: the plain one, split K exactly where ``split_k``, the
+    BLK ones exactly where ``block_scales``; config_info carries the same flags."""
+    src = (jit.INCLUDE_DIR / "sm90_configs.cuh").read_text()
+    launch = src[src.index("const char* launch_config("):]
+    ids = [c.id for c in configs.CONFIGS]
+    for i, c in enumerate(configs.CONFIGS):
+        start = launch.index(f"    case {c.id}:  // {c.name}")
+        end = launch.index(f"    case {ids[i + 1]}:", start) if i + 1 < len(ids) else launch.index("default:", start)
+        case = launch[start:end]
+        head = f"launch_one<{c.block_n}, {str(c.swap_ab).lower()}, {c.n_acc}, FA, FB, {str(c.double_acc).lower()}"
+        assert f"{head}>(la" in case, case
+        assert (f"{head}, true>(la" in case) == c.split_k, case
+        assert (f"{head}, false, true>(la" in case) == c.block_scales, case
+        assert (f"{head}, true, true>(la" in case) == (c.split_k and c.block_scales), case
+        b = lambda v: str(v).lower()  # noqa: E731
+        assert (f"case {c.id}: info = {{{c.block_n}, {b(c.swap_ab)}, {b(c.split_k)}, {b(c.block_scales)}, "
+                f"\"{c.name}\"}}") in src
+
+
+def test_configs_named_and_unique():
+    """Every config has a unique id and a name saying what it is (tile, operand order, accumulators);
+    ``config`` finds it by either, and the ids are what the selection gives."""
+    assert len({c.id for c in configs.CONFIGS}) == len({c.name for c in configs.CONFIGS}) == len(configs.CONFIGS)
     for c in configs.CONFIGS:
-        tail = ", true" if c.double_acc else ""
-        if c.overlap or c.carry:
-            tail += f", {str(c.overlap).lower()}" + (", true" if c.carry else "")
-        head = f"launch_one<{c.block_n}, {str(c.swap_ab).lower()}, {c.n_acc}, {c.cluster}, FA, FB"
-        start = src.index(f"case {c.id}: return ")
-        case = src[start:src.index(";", start)]  # this config's line(s) of launch_fmt
-        assert f"{head}{tail}>(la" in case, case
-        # configs with split-K instances launch the SPLIT one when the host split K, and only they do
-        split_line = f"{head}, {str(c.double_acc).lower()}, false, false, true>(la"
-        assert (split_line in case) == c.split_k, case
+        assert configs.config(c.id) is configs.config(str(c.id)) is configs.config(c.name) is c
+        assert c.name.startswith("swap" if c.swap_ab else "tile")
+        assert f"x{c.block_n}" in c.name and c.name.endswith(f"_{c.n_acc}acc" if c.n_acc > 1 else
+                                                            "_2acc" if c.double_acc else f"x{c.block_n}")
+    with pytest.raises(ValueError, match="unknown sm90 kernel config"):
+        configs.config(0)
 
 
-@pytest.mark.parametrize("flag, ids", [("overlap", [9]), ("carry", [12, 13])])
-def test_schedule_variants_are_prepared_not_selected(monkeypatch, flag, ids):
-    """Config 9 (pipeline across tiles) and configs 12/13 (the next tile's first k-block under the
-    epilogue) are two-accumulator single-CTA configs, as the kernel's static_asserts require, and the
-    shape-based choice never picks them (9 measured slower; 12/13 not yet run on a device)."""
+def test_every_config_is_selected(monkeypatch):
+    """No config the shape-based choice never gives (those measured slower live in docs/kernel-log.md)."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
-    variants = [c for c in configs.CONFIGS if getattr(c, flag)]
-    assert [c.id for c in variants] == ids
-    for c in variants:
-        assert c.double_acc and not c.swap_ab and c.cluster == 1 and c.n_acc == 1 and not (c.overlap and c.carry)
-    picked = {configs.select_config(m, n, k).id
-              for m in (1, 16, 64, 65, 128, 512, 2048, 4096, 8192)
-              for n, k in ((4096, 4096), (6144, 4096), (28672, 4096), (57344, 8192), (8192, 28672))}
-    assert not picked & set(ids)
-    monkeypatch.setenv(configs.ENV_CONFIG, str(ids[-1]))
-    assert configs.select_config(8192, 8192, 8192).id == ids[-1]  # reachable by the override (benchmarks)
+    picked = {configs.select_config(m, n, k, swap_ok=sw).id
+              for m in (1, 16, 32, 64, 65, 128, 512, 2048, 4096, 8192)
+              for n, k in ((4096, 4096), (6144, 4096), (28672, 4096), (57344, 8192), (8192, 28672), (6144, 1280))
+              for sw in (False, True)}
+    assert picked == {c.id for c in configs.CONFIGS}
 
 
 def test_select_config_env_override(monkeypatch):
-    monkeypatch.setenv(configs.ENV_CONFIG, "0")
-    assert configs.select_config(8, 8, 16).id == 0
-    monkeypatch.setenv(configs.ENV_CONFIG, "99")
-    with pytest.raises(ValueError, match="FP8_LINEAR_SM90_CONFIG"):
-        configs.select_config(8, 8, 16)
-    monkeypatch.setenv(configs.ENV_CONFIG, "x")
-    with pytest.raises(ValueError):
-        configs.select_config(8, 8, 16)
+    monkeypatch.setenv(configs.ENV_CONFIG, "6")
+    assert configs.select_config(8, 8, 16).id == 6
+    monkeypatch.setenv(configs.ENV_CONFIG, "tile128x144_2acc")
+    assert configs.select_config(8, 8, 16).id == 10
+    for bad in ("0", "99", "x"):
+        monkeypatch.setenv(configs.ENV_CONFIG, bad)
+        with pytest.raises(ValueError, match="FP8_LINEAR_SM90_CONFIG"):
+            configs.select_config(8, 8, 16)
 
 
 def test_select_config_rejects_empty():
@@ -257,13 +271,10 @@ def test_select_config_rejects_empty():
 
 
 def test_tiles():
-    c0, c1 = configs.CONFIGS[0], configs.CONFIGS[1]
-    assert configs.tiles(c0, 8192, 8192) == 64 * 64
-    assert configs.tiles(c0, 129, 200) == 2 * 2
+    c7, c1 = configs.CONFIG_BY_ID[7], configs.CONFIG_BY_ID[1]
+    assert configs.tiles(c7, 8192, 8192) == 64 * 64
+    assert configs.tiles(c7, 129, 200) == 2 * 2
     assert configs.tiles(c1, 1, 4096) == 32  # swapped: N on the 128-row side
-    c5 = configs.CONFIGS[5]
-    assert c5.cluster == 2
-    assert configs.tiles(c5, 300, 200) == 2 * 2 * 2  # 2 pair-rows (3 row blocks) x 2 col blocks x 2 CTAs
 
 
 # ---------------------------------------------------------------- cache key / folder
@@ -301,7 +312,6 @@ def test_select_splits_only_for_configs_with_split_instances(monkeypatch):
     monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
     assert [c.id for c in configs.CONFIGS if c.split_k] == [1, 2, 3, 7, 10]
     for c in configs.CONFIGS:
-        assert not (c.split_k and (c.cluster > 1 or c.overlap or c.carry))
         if not c.split_k:
             assert configs.select_splits(c, 64, 256, 16384) == 1
             monkeypatch.setenv(configs.ENV_SPLITS, "8")
@@ -310,7 +320,7 @@ def test_select_splits_only_for_configs_with_split_instances(monkeypatch):
 
 
 def test_select_splits_env_override(monkeypatch):
-    cfg = configs.CONFIGS[3]
+    cfg = configs.CONFIG_BY_ID[3]
     monkeypatch.setenv(configs.ENV_SPLITS, "1")
     assert configs.select_splits(cfg, 64, 4096, 14336) == 1
     monkeypatch.setenv(configs.ENV_SPLITS, "5")
