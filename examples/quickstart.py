@@ -23,6 +23,7 @@ def main() -> None:
     ap.add_argument("--scheme", default="fp8-channel", choices=list(fp8_linear.PRESETS))
     ap.add_argument("--output", default="smollm2-fp8")
     ap.add_argument("--samples", type=int, default=16, help="calibration samples of 512 tokens")
+    ap.add_argument("--max-new-tokens", type=int, default=30)
     args = ap.parse_args()
 
     model, tok = load_model("smollm2")                        # fp32 on CPU; any HF causal LM works
@@ -33,7 +34,7 @@ def main() -> None:
     served = fp8_linear.load_quantized(args.output, dtype=torch.float32)  # what a server would do
     ids = tok(PROMPT, return_tensors="pt").input_ids
     with torch.inference_mode():
-        out = served.generate(ids, max_new_tokens=30, do_sample=False)
+        out = served.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False)
     print(tok.decode(out[0], skip_special_tokens=True))
 
 

@@ -52,8 +52,14 @@ def assert_same_state(a, b) -> None:
 
 
 def greedy(model, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """The ``new_tokens`` greedy continuation of ``ids`` ``[1, T]`` (``[new_tokens]`` int64)."""
-    with torch.inference_mode():
+    """The ``new_tokens`` greedy continuation of ``ids`` ``[1, T]`` (``[new_tokens]`` int64).
+
+    On the emulated backend the dequantized weights are kept across decode steps (``weight_cache``:
+    bitwise the outputs of uncached runs), so each weight is dequantized once, not once per token.
+    """
+    from fp8_linear.backends.emulated import weight_cache
+
+    with torch.inference_mode(), weight_cache():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                              min_new_tokens=new_tokens, do_sample=False)
     return out[0, ids.shape[1]:]

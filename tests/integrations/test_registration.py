@@ -82,3 +82,16 @@ def test_registering_twice_is_harmless():
     register_with_transformers()
     register_with_transformers()
     assert auto.AUTO_QUANTIZER_MAPPING["fp8_linear"].__name__ == "FP8LinearHfQuantizer"
+
+
+def test_registered_when_our_quantizer_module_imports_transformers_first():
+    """The registry's first import may come from inside ``fp8_linear.integrations.transformers_quantizer``."""
+    res = _run("""
+import json, sys
+import transformers, fp8_linear
+from fp8_linear.integrations import transformers_quantizer
+from transformers.quantizers import auto
+print(json.dumps({"after": ["fp8_linear" in auto.AUTO_QUANTIZATION_CONFIG_MAPPING,
+                            "fp8_linear" in auto.AUTO_QUANTIZER_MAPPING]}))
+""")
+    assert res == {"after": [True, True]}
