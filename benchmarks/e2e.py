@@ -23,9 +23,13 @@ Per path and model:
 
 Writes a table and ``benchmarks/results/e2e-<UTC stamp>[-quick].json``.
 
-    python -m benchmarks.e2e                      # full depth, both models, every path (long)
+    python -m benchmarks.e2e                      # full depth, both models, every path (about 1 h per model)
     python -m benchmarks.e2e --quick              # ~4 minutes on an H200: 2 layers of the 8B shape
     python -m benchmarks.e2e --models llama3-8b --layers 8 --presets fp8-dynamic --batches 1,16
+
+A full-depth run compiles the decode step once per path and batch (about a minute each at 32 layers);
+to fit calls of 10 minutes, split it by preset, e.g. ``--models llama3-8b --presets fp8-dynamic
+--cublaslt fp8-dynamic`` (BF16 is measured in every call, so each table carries its own baseline).
 """
 
 from __future__ import annotations
@@ -327,7 +331,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-torchao", action="store_true")
     ap.add_argument("--quick", action="store_true", help="a short run: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
