@@ -25,6 +25,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """``fp8_linear.settings`` reads ``FP8_LINEAR_*`` once per process: re-read them as each test starts
+    (after its fixtures, which may set ``FP8_LINEAR_BACKEND``) and ends, so no setting outlives its test."""
+    from fp8_linear import settings
+
+    settings.reload()
+    yield
+    settings.reload()
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
