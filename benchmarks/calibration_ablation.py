@@ -47,6 +47,46 @@ from fp8_linear.scheme import resolve_scheme  # noqa: E402
 
 SEQ_LEN = 512
 TEXTS = ("choose", "report", "stdlib")
+#: The package default of 32 calibration windows: the first 28 calibrate, the last 4 are the held-out
+#: slice of the mixed-precision budget search (what quantize_model(max_samples=32, max_kl=...) does).
+CALIB_WINDOWS, HOLDOUT_WINDOWS = 32, 4
+FFN_PATTERN = ".mlp."
+
+
+class FakeQuantLinear(torch.nn.Module):
+    """An FP8Linear's exact FP8 operands, run as a bf16 GEMM (2-3x faster than the emulated backend's
+    fp32 GEMM on a CPU): ``weight_deq = q * scale`` and the activations quantized and dequantized as the
+    scheme says (static per-tensor ``input_scale``, or dynamic per token / 1x128 group), both rounded to
+    bf16 (relative error <= 2^-9 per element, against FP8's 2^-4), with a straight-through gradient."""
+
+    def __init__(self, m):
+        from fp8_linear.quantize import expand_scale, fp8_to_float32
+
+        super().__init__()
+        self.weight, self.weight_scale, self.input_scale, self.bias = m.weight, m.weight_scale, m.input_scale, m.bias
+        self.scheme = m.scheme
+        self.w = (fp8_to_float32(m.weight) * expand_scale(m.weight_scale, m.weight.shape)).to(torch.bfloat16)
+
+    def forward(self, x):
+        from fp8_linear.quantize import dequantize_fp8, quantize_fp8
+
+        x2 = x.reshape(-1, x.shape[-1]).float()
+        gran = "tensor" if self.input_scale is not None else self.scheme.activation_granularity
+        q, sc = quantize_fp8(x2.detach(), self.scheme.fmt, gran, scale=self.input_scale)
+        xq = dequantize_fp8(q, sc, torch.float32)
+        xq = (x2 + (xq - x2).detach()).to(x.dtype).reshape(x.shape)
+        return torch.nn.functional.linear(xq, self.w, None if self.bias is None else self.bias.to(x.dtype))
+
+
+def fake_quant(model):
+    """``model`` with every FP8Linear replaced by its :class:`FakeQuantLinear`, in place."""
+    from fp8_linear.module import FP8Linear
+    from fp8_linear.calibration.quantize import _set_module
+
+    for name, m in list(model.named_modules()):
+        if isinstance(m, FP8Linear):
+            _set_module(model, name, FakeQuantLinear(m))
+    return model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,13 +100,9 @@ class Variant:
     align_rtn: bool = False         # the alignment without GPTQ (rounded to nearest on the aligned grid)
     damp: float = 0.01
     act_order: bool = False
-    calib_windows: int = 32         # calibration windows of 512 tokens (quantize_model's max_samples)
     h_tokens: int = 4096            # tokens folded into each H (gptq.MAX_TOKENS)
     act_observer: str = "minmax"
     act_headroom: float = 1.0       # static activation amax multiplied by this
-
-    def calib_key(self) -> tuple:
-        return (self.calib_windows, self.h_tokens if self.gptq or self.align_rtn else 0, self.act_observer != "minmax")
 
 
 def variants() -> list[Variant]:
@@ -113,8 +149,8 @@ def eval_texts(tok, windows: int) -> dict[str, list[Batch]]:
     return {k: to_batches(spread_windows(t, tok, windows)) for k, t in texts.items()}
 
 
-def calibrate_with_snapshots(model, targets, tok, windows: int, h_tokens: list[int]) -> dict:
-    """One calibration over ``windows`` windows; each observer keeps ``hessians[n]`` = a copy of its ``H``
+def calibrate_with_snapshots(model, targets, batches, h_tokens: list[int]) -> dict:
+    """One calibration over ``batches``; each observer keeps ``hessians[n]`` = a copy of its ``H``
     after the first ``n`` tokens for every ``n`` in ``h_tokens`` (so one pass serves every H size)."""
     orig = gptq.HessianAccumulator.update
 
@@ -127,7 +163,6 @@ def calibrate_with_snapshots(model, targets, tok, windows: int, h_tokens: list[i
 
     gptq.HessianAccumulator.update = update
     try:
-        batches = materialize_batches(None, tok, seq_len=SEQ_LEN, max_samples=windows, batch_size=4)
         obs = calibrate(model, targets, batches, progress=False, histogram=False, hessian=True, hessian_tokens=max(h_tokens))
     finally:
         gptq.HessianAccumulator.update = orig
@@ -239,12 +274,13 @@ def run(args) -> None:
     ref = {k: Reference(model, b) for k, b in texts.items()}
     print(f"reference evaluated in {time.time() - t0:.0f} s", flush=True)
     t0 = time.time()
-    observers = calibrate_with_snapshots(model, targets, tok, max(v.calib_windows for v in wanted),
-                                         sorted({v.h_tokens for v in wanted}))
+    batches = materialize_batches(None, tok, seq_len=SEQ_LEN, max_samples=CALIB_WINDOWS, batch_size=4)
+    cal, hold = batches[:-HOLDOUT_WINDOWS // 4], batches[-HOLDOUT_WINDOWS // 4:]
+    observers = calibrate_with_snapshots(model, targets, cal, sorted({v.h_tokens for v in wanted}))
     print(f"calibrated in {time.time() - t0:.0f} s", flush=True)
     for v in wanted:
         t0 = time.time()
-        q = build(model, v, with_hessian(observers, v.h_tokens))
+        q = fake_quant(build(model, v, with_hessian(observers, v.h_tokens)))
         t_build = time.time() - t0
         rec = {"variant": v.name, **dataclasses.asdict(v), **header, "build_s": round(t_build, 1)}
         for text, batches in texts.items():
@@ -254,9 +290,49 @@ def run(args) -> None:
             f.write(json.dumps(rec) + "\n")
         print(f"{v.name:40s} " + "  ".join(f"{t} {rec[t]['ppl_delta_pct']:+.3f}+-{rec[t]['ppl_delta_se_pct']:.3f}"
                                           for t in TEXTS) + f"  ({t_build:.0f}+{rec['eval_s']:.0f} s)", flush=True)
+        if v.name == "C default" and args.mixed:
+            mixed_precision_run(model, q, targets, hold, ref, log, header)
         del q
         gc.collect()
     print(f"total {time.time() - t_start:.0f} s", flush=True)
+
+
+def mixed_precision_run(model, q, targets, hold, ref, log, header) -> None:
+    """The budget search (:func:`~fp8_linear.calibration.mixed_precision.keep_to_budget`) on the
+    fp8-channel model ``q``: budget = the held-out-slice KL of the same model with every FFN projection
+    back in BF16; both measured on the eval texts. Leaves ``q`` as it was."""
+    from fp8_linear.calibration import mixed_precision as mp
+    from fp8_linear.calibration.quantize import _set_module
+
+    t0 = time.time()
+    originals = dict(targets)
+    quantized = {n: q.get_submodule(n) for n in originals}
+    refs = mp.reference_logprobs(model, hold)
+    ffn = [n for n in originals if FFN_PATTERN in n]
+    for n in ffn:
+        _set_module(q, n, originals[n])
+    budget = mp.measure_kl(q, hold, refs)
+    rec = {"variant": "mixed precision (C default)", **header, "budget_kl_holdout": budget,
+           "ffn_bf16_layers": len(ffn), "holdout_tokens": mp._tokens(hold)}
+    for text in TEXTS:
+        rec[f"ffn-bf16 {text}"] = ref[text].compare(q)
+    for n in ffn:
+        _set_module(q, n, quantized[n])
+    rep = mp.keep_to_budget(q, quantized, originals, hold, refs, budget, _set_module)
+    rec.update(kept=rep.kept, kl_holdout=rep.kl, kl_all_fp8_holdout=rep.kl_all_fp8, weight_bytes=rep.weight_bytes,
+               weight_bytes_all_fp8=rep.weight_bytes_all_fp8, weight_bytes_unquantized=rep.weight_bytes_unquantized,
+               ffn_bf16_weight_bytes=rep.weight_bytes_all_fp8 - sum(quantized[n].weight.numel() + 4 * quantized[n].weight_scale.numel() for n in ffn)
+               + sum(originals[n].weight.numel() * 2 for n in ffn))
+    for text in TEXTS:
+        rec[f"budget {text}"] = ref[text].compare(q)
+    for n in rep.kept:
+        _set_module(q, n, quantized[n])
+    rec["s"] = round(time.time() - t0, 1)
+    with log.open("a") as f:
+        f.write(json.dumps(rec) + "\n")
+    print(rep.summary(), flush=True)
+    print("mixed: " + "  ".join(f"{t}: ffn-bf16 KL {rec['ffn-bf16 ' + t]['kl']:.5f} budget KL {rec['budget ' + t]['kl']:.5f}"
+                                for t in TEXTS) + f" (budget {budget:.5f}; {len(rep.kept)} vs {len(ffn)} BF16 layers)", flush=True)
 
 
 def paired_se_pct(a: list[float], b: list[float], base: list[float]) -> tuple[float, float]:
@@ -271,6 +347,8 @@ def paired_se_pct(a: list[float], b: list[float], base: list[float]) -> tuple[fl
 
 def table(log: str) -> str:
     recs = [json.loads(line) for line in pathlib.Path(log).read_text().splitlines() if line.strip()]
+    mixed = [r for r in recs if "budget_kl_holdout" in r]
+    recs = [r for r in recs if "choose" in r]
     lines = ["| variant | " + " | ".join(f"{t} ppl % (+-SE) | {t} KL" for t in TEXTS) + " |",
              "|---|" + "---|---|" * len(TEXTS)]
     for r in recs:
@@ -290,12 +368,25 @@ def table(log: str) -> str:
                 d, se = paired_se_pct(by[c][x]["window_nll"], by[t][x]["window_nll"], by[t][x]["base_window_nll"])
                 cells.append(f"{d:+.2f} ({se:.2f})")
             lines.append(f"| {c} - {t} | " + " | ".join(cells) + " |")
+    for m in mixed:
+        lines += ["", f"Mixed precision (fp8-channel defaults), budget = held-out-slice KL of FFN-in-BF16: "
+                      f"{m['budget_kl_holdout']:.5f} nats/token ({m['holdout_tokens']} tokens); budget search: "
+                      f"{m['kl_holdout']:.5f} with {len(m['kept'])} BF16 layers (FFN-in-BF16: {m['ffn_bf16_layers']}).", "",
+                  "| model | BF16 layers | weight MiB | " + " | ".join(f"{t} KL | {t} ppl % (+-SE)" for t in TEXTS) + " |",
+                  "|---|---|---|" + "---|---|" * len(TEXTS)]
+        for k, n, b in (("ffn-bf16", m["ffn_bf16_layers"], m["ffn_bf16_weight_bytes"]), ("budget", len(m["kept"]), m["weight_bytes"])):
+            lines.append(f"| {k} | {n} | {b / 2**20:.1f} | " + " | ".join(
+                f"{m[k + ' ' + t]['kl']:.5f} | {m[k + ' ' + t]['ppl_delta_pct']:+.2f} ({m[k + ' ' + t]['ppl_delta_se_pct']:.2f})"
+                for t in TEXTS) + " |")
+        lines.append(f"\nKept in BF16 by the budget search: {', '.join(m['kept'])}")
     return "\n".join(lines)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--windows", type=int, default=8, help="eval windows of 512 tokens per text")
+    ap.add_argument("--windows", type=int, default=4, help="eval windows of 512 tokens per text")
+    ap.add_argument("--mixed", action=argparse.BooleanOptionalAction, default=True,
+                    help="after 'C default', run the mixed-precision budget search against FFN-in-BF16")
     ap.add_argument("--variants", default="all", help="'all' or variant names separated by ';'")
     ap.add_argument("--log", default="benchmarks/results/calibration_ablation_smollm2_cpu_20261201.jsonl")
     ap.add_argument("--table", action="store_true", help="print the Markdown table of --log and exit")

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from fp8_linear.errors import CalibrationError
-from fp8_linear.module import FP8Linear
 
 from .data import Batch
 
@@ -101,12 +100,14 @@ def measure_kl(model: nn.Module, batches: list[Batch], refs: list[torch.Tensor])
 
 def layer_sensitivity(model: nn.Module, originals: dict[str, nn.Linear], batches: list[Batch],
                       refs: list[torch.Tensor]) -> dict[str, float]:
-    """``s_l = <dKL/dy_l, y_l - W_l x_l>`` for every FP8Linear ``l`` of ``model`` named in ``originals``
-    (first-order KL drop when layer ``l`` is restored), summed over ``batches`` and divided by tokens.
+    """``s_l = <dKL/dy_l, y_l - W_l x_l>`` for every quantized layer ``l`` of ``model`` named in
+    ``originals`` (first-order KL drop when layer ``l`` is restored), summed over ``batches`` and
+    divided by tokens.
 
     One forward + backward per batch through the quantized model (straight-through gradients of
-    FP8Linear); no parameter gets a gradient. ``originals[name]`` is the unquantized Linear."""
-    mods = {n: m for n, m in model.named_modules() if isinstance(m, FP8Linear) and n in originals}
+    FP8Linear); no parameter gets a gradient. ``originals[name]`` is the unquantized Linear; a name
+    whose module in ``model`` is its original is skipped."""
+    mods = {n: m for n, m in model.named_modules() if n in originals and m is not originals[n]}
     sens = {n: 0.0 for n in mods}
     emb = model.get_input_embeddings()
     handles = [emb.register_forward_hook(lambda _m, _a, out: out.detach().requires_grad_())]

@@ -1,0 +1,109 @@
+"""Mixed precision to a KL budget on SmolLM2-135M, against keeping every FFN projection in BF16.
+
+    python benchmarks/mixed_precision_budget.py [--scheme fp8-channel] [--samples 16] [--windows 8]
+
+1. ``ffn-bf16``: ``quantize_model(..., ignore=("lm_head", "re:.*\\.mlp\\..*"))``: attention projections
+   in FP8, all 90 FFN projections (gate / up / down) in BF16. Its KL on the held-out slice of the
+   calibration data that the budget search uses is the budget ``B``.
+2. ``budget``: ``quantize_model(..., max_kl=B)``: the fewest layers in BF16, ranked by measured
+   sensitivity, for a held-out-slice KL ``<= B``.
+
+Both are then measured on text neither saw: the ``report`` half of the embedded eval split and the
+standard-library docstrings (``--windows`` windows of 512 tokens each, spread over each text), bf16
+against the unquantized bf16 model. Prints BF16 layer counts, weight memory, KL and perplexity; writes
+JSON to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import pathlib
+import sys
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "benchmarks"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+from calibration_ablation import Reference, to_batches, spread_windows  # noqa: E402
+
+from fp8_linear import FP8Linear, quantize_model  # noqa: E402
+from fp8_linear.calibration.data import corpus_text, materialize_batches  # noqa: E402
+from fp8_linear.calibration.mixed_precision import measure_kl, reference_logprobs, split_holdout  # noqa: E402
+from fp8_linear.calibration.stdlib_text import stdlib_text, stdlib_text_digest  # noqa: E402
+from fp8_linear.models import load_model  # noqa: E402
+
+FFN_IGNORE = ("lm_head", r"re:.*\.mlp\..*")
+
+
+def bf16_layers(model) -> list[str]:
+    return [n for n, m in model.named_modules() if type(m) is torch.nn.Linear and n != "lm_head"]
+
+
+def weight_mib(model) -> float:
+    total = 0
+    for n, m in model.named_modules():
+        if n == "lm_head":
+            continue
+        if isinstance(m, FP8Linear):
+            total += m.weight.numel() + m.weight_scale.numel() * 4
+        elif type(m) is torch.nn.Linear:
+            total += m.weight.numel() * 2
+    return total / 2**20
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scheme", default="fp8-channel")
+    ap.add_argument("--samples", type=int, default=16, help="calibration windows of 512 tokens (1/8 held out)")
+    ap.add_argument("--windows", type=int, default=8, help="eval windows per held-out text")
+    ap.add_argument("--out", default="benchmarks/results/mixed_precision_budget_smollm2_cpu_20261201.json")
+    args = ap.parse_args()
+    t_start = time.time()
+    model, tok = load_model(None)
+    model = model.to(torch.bfloat16).eval()
+    kw = dict(tokenizer=tok, seq_len=512, max_samples=args.samples, batch_size=4, progress=False)
+    # the budget search's own held-out slice, to turn the ffn-bf16 model's KL into the budget
+    batches = materialize_batches(None, tok, seq_len=512, max_samples=args.samples, batch_size=4)
+    cal, hold = split_holdout(batches)
+    refs = reference_logprobs(model, hold)
+    cal_rows = [r for b in cal for r in b.input_ids]
+    ffn = quantize_model(copy.deepcopy(model), cal_rows, args.scheme, ignore=FFN_IGNORE, **{**kw, "tokenizer": None})
+    budget = measure_kl(ffn, hold, refs)
+    print(f"ffn-bf16: {len(bf16_layers(ffn))} BF16 layers, held-out-slice KL {budget:.5f} -> budget", flush=True)
+    mixed = quantize_model(copy.deepcopy(model), None, args.scheme, max_kl=budget, **kw)
+    rep = mixed.fp8_mixed_precision
+    print(rep.summary(), flush=True)
+    texts = {"report": corpus_text("report"), "stdlib": stdlib_text()}
+    out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": "python benchmarks/mixed_precision_budget.py " + " ".join(sys.argv[1:]), "scheme": args.scheme,
+           "calib_windows": args.samples, "budget_kl": budget, "stdlib_sha256": stdlib_text_digest(),
+           "unquantized_weight_mib": weight_mib(model), "models": {}}
+    for name, q in (("ffn-bf16", ffn), ("budget", mixed)):
+        out["models"][name] = {"bf16_layers": len(bf16_layers(q)), "weight_mib": round(weight_mib(q), 2),
+                               "kept": bf16_layers(q) if name == "budget" else "every mlp projection"}
+    for text, t in texts.items():
+        ref = Reference(model, to_batches(spread_windows(t, tok, args.windows)))
+        for name, q in (("ffn-bf16", ffn), ("budget", mixed)):
+            r = ref.compare(q)
+            out["models"][name][text] = {k: r[k] for k in ("kl", "ppl_delta_pct", "ppl_delta_se_pct", "top1")}
+            print(f"{name:9s} {text:7s} KL {r['kl']:.5f} (budget {budget:.5f})  ppl {r['ppl_delta_pct']:+.3f}% "
+                  f"+- {r['ppl_delta_se_pct']:.3f}", flush=True)
+    for name, m in out["models"].items():
+        print(f"{name:9s} {m['bf16_layers']:3d} BF16 layers, weights {m['weight_mib']:.1f} MiB "
+              f"(unquantized {out['unquantized_weight_mib']:.1f} MiB)")
+    out["total_s"] = round(time.time() - t_start, 1)
+    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
