@@ -80,7 +80,7 @@ def _check_fp8_args(args, where: str) -> dict:
         raise _fail(where, "a dict of quantization args", args)
     kind, bits = args.get("type"), args.get("num_bits")
     if kind != "float" or not is_int(bits) or bits != FP8_BITS:
-        raise _fail(f"{where}.type/num_bits", "float / 8 (FP8)", f"{kind!r:.40} / {bits!r:.40}")
+        raise _fail(f"{where}.type/num_bits", "float / 8 (FP8)", f"{str(kind)[:40]} / {str(bits)[:40]}")
     if args.get("symmetric", True) is not True:
         raise _fail(f"{where}.symmetric", "true", args.get("symmetric"))
     for key in ("strategy",):
