@@ -40,11 +40,23 @@ CHECKPOINT_FILE_PATTERNS = (
     "README.md", "LICENSE*", "USE_POLICY.md", "NOTICE*", ".gitattributes", INCOMPLETE_MARKER,
 )
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+#: The one sub-folder a checkpoint folder may hold: the metadata of a ``huggingface_hub`` local-dir download.
+HF_DOWNLOAD_CACHE = (".cache", "huggingface")
 
 
 class CheckpointExistsError(CheckpointError, FileExistsError):
     """The target folder of a save exists and is not empty (pass ``overwrite=True`` to replace it), or
     it is not a checkpoint folder, which ``overwrite`` never replaces."""
+
+
+def _hf_download_cache(entry: os.DirEntry) -> bool:
+    """True for the ``.cache/huggingface`` folder ``huggingface_hub`` writes into a ``--local-dir`` download."""
+    if entry.name != HF_DOWNLOAD_CACHE[0] or not entry.is_dir(follow_symlinks=False):
+        return False
+    try:
+        return os.listdir(entry.path) == [HF_DOWNLOAD_CACHE[1]]
+    except OSError:
+        return False
 
 
 def not_a_checkpoint(folder: str) -> str | None:
@@ -57,7 +69,8 @@ def not_a_checkpoint(folder: str) -> str | None:
     if "config.json" not in names or not names & set(WEIGHT_FILES):
         return f"holds no config.json and {' / '.join(WEIGHT_FILES)} (it is not a checkpoint)"
     foreign = sorted(e.name + ("/" if e.is_dir(follow_symlinks=False) else "") for e in entries
-                     if e.is_dir(follow_symlinks=False) or not any(fnmatch.fnmatchcase(e.name, p) for p in CHECKPOINT_FILE_PATTERNS))
+                     if not _hf_download_cache(e) and (e.is_dir(follow_symlinks=False)
+                                                       or not any(fnmatch.fnmatchcase(e.name, p) for p in CHECKPOINT_FILE_PATTERNS)))
     if foreign:
         shown = ", ".join(repr(f) for f in foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         return f"holds {shown}, which are not checkpoint files"

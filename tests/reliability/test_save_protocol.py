@@ -293,3 +293,11 @@ def test_nan_fp8_weight_is_refused_at_save(models, tmp_path):
                                               r"got 1 NaN/inf entries \(first at flat index 7\)"):
         save_quantized(model, tmp_path / "ckpt")
     assert os.listdir(tmp_path) == []
+
+
+def test_overwrite_replaces_a_hub_local_dir_download(models, tmp_path):
+    """``hf download --local-dir`` leaves ``.cache/huggingface/`` metadata in the folder: still a checkpoint."""
+    target = save_quantized(models[0][0], tmp_path / "ckpt")
+    os.makedirs(os.path.join(target, ".cache", "huggingface", "download"))
+    save_quantized(models[1][0], target, overwrite=True)
+    assert torch.equal(_logits(target), models[1][1]) and not os.path.exists(os.path.join(target, ".cache"))
