@@ -27,6 +27,7 @@ so the forced dense backend runs each expert. The op is the ``torch.library`` cu
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ import torch
 from .errors import ScaleError, ShapeError
 from .formats import FP8_DTYPES, GROUP_SIZE, OUT_DTYPES
 from .quantize import validate_scale
+
+logger = logging.getLogger("fp8_linear")
 
 #: Scale kinds of ``scale_b`` (per expert) and ``scale_a`` (per row of ``a``).
 B_TENSOR, B_CHANNEL, B_BLOCK = "tensor", "channel", "block"
@@ -282,11 +285,37 @@ def select_grouped_backend(problem: GroupedProblem) -> GroupedBackend:
     return PER_EXPERT  # never refuses: the dense dispatcher raises with every dense backend's reason
 
 
+#: (backend, device, N, K, dtypes, scale kinds) that raised at run time: ``per_expert`` takes them from then on.
+_refused: set[tuple] = set()
+
+
+def _signature(b: GroupedBackend, p: GroupedProblem) -> tuple:
+    return (b.name, str(p.device), p.n, p.k, p.a.dtype, p.b.dtype, p.out_dtype, p.scale_a_kind, p.scale_b_kind)
+
+
 def run_grouped_problem(p: GroupedProblem) -> torch.Tensor:
-    """Run a validated problem on the selected grouped backend."""
+    """Run a validated problem on the selected grouped backend.
+
+    A backend other than ``per_expert`` whose ``run`` raises a ``RuntimeError`` (a library refusing a
+    case its ``can_run`` did not foresee) is logged once as a warning with the error, and ``per_expert``
+    runs this problem and every later one of the same signature; out-of-memory errors propagate.
+    """
+    from .moe.grouped_backends import PER_EXPERT
+
     if p.m == 0 or p.n == 0:
         return torch.zeros((p.m, p.n), dtype=p.out_dtype, device=p.device)
-    return select_grouped_backend(p).run(p)
+    b = select_grouped_backend(p)
+    if b is PER_EXPERT or _signature(b, p) in _refused:
+        return PER_EXPERT.run(p)
+    try:
+        return b.run(p)
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError as e:
+        _refused.add(_signature(b, p))
+        logger.warning("fp8_linear: grouped backend %s refused N=%d K=%d (%s: %s); per_expert runs it from now on",
+                       b.name, p.n, p.k, type(e).__name__, str(e)[:300])
+        return PER_EXPERT.run(p)
 
 
 @torch.library.custom_op("fp8_linear::grouped_fp8_gemm", mutates_args=())

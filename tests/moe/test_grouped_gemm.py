@@ -172,6 +172,40 @@ def test_a_registered_backend_runs_first_where_it_can():
         register_grouped_backend(object())
 
 
+class _Refusing(GroupedBackend):
+    """A backend whose library refuses at run time what ``can_run`` accepted."""
+
+    name = "test_refusing"
+
+    def __init__(self):
+        self.calls = 0
+
+    def supports(self, device):
+        return True, "test"
+
+    def can_run(self, problem):
+        return True, "says yes"
+
+    def run(self, p):
+        self.calls += 1
+        raise RuntimeError("unsupported case")
+
+
+def test_a_backend_refusing_at_run_time_falls_back_once_and_is_remembered(caplog):
+    slot = _Refusing()
+    register_grouped_backend(slot)
+    try:
+        a, b, sa, sb, offsets = _case((3, 0, 4), 32, 64, "row", "channel")
+        ref = reference64(a, b, sa, sb, (3, 0, 4), "row", "channel")
+        with caplog.at_level("WARNING", logger="fp8_linear"):
+            first = grouped_fp8_gemm(a, b, sa, sb, offsets)
+        assert "test_refusing refused" in caplog.text and "unsupported case" in caplog.text
+        assert torch.equal(first, grouped_fp8_gemm(a, b, sa, sb, offsets)) and slot.calls == 1
+        assert calc_diff(first, ref) <= rounding_bar(ref, torch.bfloat16)
+    finally:
+        unregister_grouped_backend(slot.name)
+
+
 @pytest.mark.parametrize("change,err,match", [
     (dict(offsets=torch.tensor([3, 2, 7], dtype=torch.int32)), ValueError, "non-decreasing"),
     (dict(offsets=torch.tensor([3, 5, 9], dtype=torch.int32)), ValueError, "within"),
