@@ -75,11 +75,19 @@ def find_fused_experts(model: nn.Module) -> dict[str, nn.Module]:
     return {name: m for name, m in model.named_modules() if is_fused_experts(m)}
 
 
+_interface = None  # ALL_EXPERTS_FUNCTIONS once registered (a plain global: torch.compile traces the lookup)
+
+
 def register_implementation(forward) -> None:
     """Register ``forward`` as the experts implementation :data:`IMPLEMENTATION_NAME` (class-wide)."""
-    experts_api().ExpertsInterface.register(IMPLEMENTATION_NAME, forward)
+    global _interface
+    api = experts_api()
+    api.ExpertsInterface.register(IMPLEMENTATION_NAME, forward)
+    _interface = api.ALL_EXPERTS_FUNCTIONS
 
 
 def implementation():
     """The registered FP8 experts forward (what an :class:`~fp8_linear.moe.experts.FP8Experts` runs)."""
-    return experts_api().ALL_EXPERTS_FUNCTIONS[IMPLEMENTATION_NAME]
+    if _interface is None:
+        raise ImportError("the fp8_linear experts implementation is not registered (transformers' experts interface is missing)")
+    return _interface[IMPLEMENTATION_NAME]
