@@ -40,7 +40,7 @@ def _header(folder: str) -> dict[str, tuple[list[int], str]]:
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_round_trip_per_expert_layout_bitwise(scheme, calib, eval_ids, tmp_path):
-    model = quantize_model(tiny_qwen3_moe(), calib, scheme, progress=False)
+    model = quantize_model(tiny_qwen3_moe(), calib, scheme, progress=False, gptq=False)  # GPTQ: not the layout's business
     path = save_quantized(model, tmp_path / "ckpt")
     head = _header(path)
     p = "model.layers.1.mlp.experts"
@@ -75,7 +75,7 @@ def test_weight_names_are_those_of_the_original_checkpoints(tmp_path):
 
 
 def test_loads_in_bf16_and_a_second_save_is_identical(calib, eval_ids, tmp_path):
-    model = quantize_model(tiny_qwen3_moe(), calib, "fp8-channel", progress=False)
+    model = quantize_model(tiny_qwen3_moe(), calib, "fp8-channel", progress=False, gptq=False)
     first = save_quantized(model, tmp_path / "a")
     loaded = load_quantized(first)  # dtype bf16 for the non-FP8 tensors
     assert loaded.model.layers[0].mlp.experts.gate_up_proj.dtype == torch.float8_e4m3fn
@@ -90,7 +90,7 @@ def test_loads_in_bf16_and_a_second_save_is_identical(calib, eval_ids, tmp_path)
 
 
 def test_unquantized_experts_are_ignored_and_load_merged(calib, eval_ids, tmp_path):
-    model = quantize_model(tiny_qwen3_moe(), calib, "fp8-dynamic", progress=False,
+    model = quantize_model(tiny_qwen3_moe(), calib, "fp8-dynamic", progress=False, gptq=False,
                            ignore=("lm_head", "re:.*mlp\\.experts$"))
     assert not any(isinstance(m, FP8Experts) for m in model.modules())
     path = save_quantized(model, tmp_path / "ckpt")
@@ -153,7 +153,7 @@ def _dequant(q, s):
 
 def test_deepseek_style_fp8_block_checkpoint_loads(calib, eval_ids, tmp_path):
     """quant_method ``fp8`` with ``weight_block_size`` and ``weight_scale_inv`` (DeepSeek-V3 / Qwen3-FP8 layout)."""
-    model = quantize_model(tiny_qwen3_moe(), calib, "fp8-block", progress=False)
+    model = quantize_model(tiny_qwen3_moe(), calib, "fp8-block", progress=False, gptq=False)
     path = save_quantized(model, tmp_path / "ours")
     tensors = load_file(os.path.join(path, "model.safetensors"))
     renamed = {(k[: -len("weight_scale")] + "weight_scale_inv" if k.endswith("weight_scale") else k): v for k, v in tensors.items()}

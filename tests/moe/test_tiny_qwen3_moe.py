@@ -117,6 +117,18 @@ def test_padding_is_not_counted(base, calib):
     assert all(sum(x.tokens) == 2 * 32 for x in trimmed.layers)
 
 
+def test_greedy_generate_with_a_kv_cache(base, calib):
+    """Decoding one token at a time (one routed token, k experts per layer, a KV cache) picks the tokens
+    the full forward of the same sequence picks (teacher-forced, so one near tie cannot cascade)."""
+    q = quantize_model(copy.deepcopy(base), calib, "fp8-dynamic", progress=False, gptq=False)
+    prompt = torch.stack(byte_samples("eval", 1, 32))
+    with torch.no_grad():
+        out = q.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
+        full = q(out[:, :-1]).logits.argmax(-1)[:, 31:]
+    assert out.shape == (1, 44)
+    assert int((full != out[:, 32:]).sum()) <= 1  # a near tie between cached and full attention sums
+
+
 def test_save_load_round_trip(base, calib, eval_batches, tmp_path):
     q = quantize_model(copy.deepcopy(base), calib, "fp8-channel", progress=False)
     loaded = load_quantized(save_quantized(q, tmp_path / "moe"), dtype=None)
