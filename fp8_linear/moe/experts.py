@@ -39,7 +39,8 @@ from torch import nn
 from ..errors import ScaleError, ShapeError
 from ..formats import FP8_DTYPES, GROUP_SIZE, SCALE_DTYPE, format_name, resolve_format, scale_from_amax
 from ..grouped_gemm import grouped_fp8_gemm_unchecked
-from ..quantize import dynamic_quantize, quantize_fp8, quantize_unchecked, validate_scale
+from ..ops import quantize_dynamic
+from ..quantize import quantize_fp8, quantize_unchecked, validate_scale
 from ..scheme import QuantScheme, resolve_scheme
 from . import hf
 
@@ -230,7 +231,7 @@ class FP8Experts(nn.Module):
             rows_scale = static[sorted_ids.clamp(max=self.num_experts - 1)].unsqueeze(-1)
             q, sa = quantize_unchecked(x, fp8, rows_scale), rows_scale
         else:
-            q, sa = dynamic_quantize(x, fp8, self.scheme.activation_granularity)
+            q, sa = quantize_dynamic(x, fp8, self.scheme.activation_granularity)  # an op under torch.compile
         bias = getattr(self, _BIAS[name], None)
         s = getattr(self, f"{name}_scale")
         parts = s.shape[1] if s.dim() != 3 else 1
