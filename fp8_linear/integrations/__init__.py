@@ -7,6 +7,8 @@ patched, and not imported by ``import fp8_linear`` either (its quantizer registr
 import): when ``transformers.quantizers.auto`` is already imported, the registration happens at once;
 otherwise a one-shot import hook performs it right after that module is first imported (which
 ``from_pretrained`` always does first), so the registry holds ``"fp8_linear"`` whenever anyone can read it.
+When the first import of transformers' registry comes from our own quantizer module, that module
+registers at the end of its import instead.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ log = logging.getLogger("fp8_linear")
 
 #: The transformers module holding the quantization registries.
 REGISTRY_MODULE = "transformers.quantizers.auto"
+_QUANTIZER_MODULE = __name__ + ".transformers_quantizer"
 
 
 def register_with_transformers() -> None:
@@ -46,6 +49,8 @@ class _RegisteringLoader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self._loader.exec_module(module)
+        if _QUANTIZER_MODULE in sys.modules:
+            return  # our quantizer module is importing transformers right now: it registers when it is done
         try:
             register_with_transformers()
         except Exception as e:  # never break importing transformers itself

@@ -16,6 +16,8 @@ class FP8QuantizeOnLoad(ConversionOps):
     """High-precision ``<layer>.weight`` -> FP8 ``<layer>.weight`` + fp32 ``<layer>.weight_scale``.
 
     Entries that are not quantization targets (e.g. a fused converter's other outputs) pass through.
+    A weight that cannot be quantized (NaN / inf, not 2-D) is left out; ``FP8LinearHfQuantizer`` then
+    raises ``LoadQuantizationError`` after loading with the layer's name and the reason.
     """
 
     def __init__(self, hf_quantizer):
@@ -30,5 +32,10 @@ class FP8QuantizeOnLoad(ConversionOps):
                 continue
             if isinstance(value, list) and len(value) != 1:
                 raise ValueError(f"{key}: expected one checkpoint tensor, got {len(value)}")
-            out.update(self.hf_quantizer.quantize_weight(key, value[0] if isinstance(value, list) else value))
+            try:
+                out.update(self.hf_quantizer.quantize_weight(key, value[0] if isinstance(value, list) else value))
+            except (ValueError, TypeError):
+                # recorded by quantize_weight; the weight stays unloaded and the quantizer raises after
+                # loading, naming the layer (transformers would only log a failed conversion)
+                continue
         return out

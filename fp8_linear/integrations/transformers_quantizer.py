@@ -13,7 +13,8 @@ What ``from_pretrained(path, quantization_config=FP8LinearConfig(...))`` does wi
    ``FP8Linear.from_linear`` computes). Loading is sequential for on-the-fly quantization, so at most
    one layer's high-precision weight exists at a time.
 4. ``_process_model_after_weight_loading``: every target is checked (a tensor missing from the
-   checkpoint or a failed conversion raises, naming the layer), and ``model.config.quantization_config``
+   checkpoint or a failed conversion raises, naming the layer), pinned to ``FP8LinearConfig.backend``
+   when one is named (:func:`pin_backend`), and ``model.config.quantization_config``
    becomes the compressed-tensors config that ``fp8_linear.save_quantized`` writes, so
    ``model.save_pretrained(path)`` writes our checkpoint, which ``fp8_linear.load_quantized`` and vLLM read.
 
@@ -95,6 +96,27 @@ def _map_devices(device_map) -> list[torch.device]:
     return out
 
 
+def pin_backend(name: str, layer_name: str, layer: FP8Linear) -> None:
+    """Make ``layer`` run on backend ``name`` (instead of the automatic choice of docs/design.md section 4).
+
+    The plan holds until the layer's tensors move or change or ``fp8_linear.settings.reload()`` runs;
+    then the layer chooses automatically again. Raises :class:`~fp8_linear.BackendUnavailableError`
+    naming the layer and the backend's reason when the backend cannot serve it on its device.
+    """
+    from .. import settings
+    from ..backends import LayerPlan, LinearSpec, get_backend
+    from ..errors import BackendUnavailableError
+
+    backend = get_backend(name)
+    device = layer.weight.device
+    ok, why = backend.can_implement(layer, device)
+    if not ok:
+        raise BackendUnavailableError(f"{layer_name}: FP8LinearConfig(backend={name!r}) cannot run this layer on {device}: {why}")
+    backend.process_weights(layer)
+    layer.__dict__["_plan"] = LayerPlan(backend, LinearSpec.of(layer), layer._parameters["weight"], settings.GENERATION,
+                                        f"chosen by FP8LinearConfig(backend={name!r})")
+
+
 class FP8LinearHfQuantizer(HfQuantizer):
     """The transformers quantizer of ``quant_method: "fp8_linear"`` (see the module docstring)."""
 
@@ -121,7 +143,13 @@ class FP8LinearHfQuantizer(HfQuantizer):
         name = self.quantization_config.backend
         if name is None:
             return
-        from ..backends import get_backend
+        from .. import settings
+        from ..backends import BACKEND_ENV, get_backend
+
+        forced = settings.get().backend
+        if forced and forced != name:
+            raise ValueError(f"backend: FP8LinearConfig(backend={name!r}) disagrees with {BACKEND_ENV}={forced} "
+                             f"(which forces every FP8Linear); unset one of them")
 
         backend = get_backend(name)
         for device in _map_devices(device_map):
@@ -238,6 +266,9 @@ class FP8LinearHfQuantizer(HfQuantizer):
                 mod.check()
             except (FP8LinearError, TypeError, ValueError) as e:
                 raise LoadQuantizationError(f"{name}: {e}") from e
+        if self.quantization_config.backend is not None:
+            for name in self.targets:
+                pin_backend(self.quantization_config.backend, name, model.get_submodule(name))
         groups, ignore = quantized_groups(model)
         # save_pretrained writes this: the compressed-tensors checkpoint of fp8_linear.save_quantized.
         model.config.quantization_config = build_ct_config(groups, ignore, __version__)
@@ -255,4 +286,9 @@ class FP8LinearHfQuantizer(HfQuantizer):
         return True
 
 
-__all__ = ["FP8LinearHfQuantizer", "LoadQuantizationError", "check_device_map"]
+__all__ = ["FP8LinearHfQuantizer", "LoadQuantizationError", "check_device_map", "pin_backend"]
+
+# Importing this module may have been what imported transformers' registry (see ``__init__.py``).
+from . import register_with_transformers  # noqa: E402
+
+register_with_transformers()
