@@ -32,13 +32,13 @@ python -c "import torch, transformers; print(torch.__version__, torch.version.cu
   echo "build rc=$? after ${SECONDS}s" >> "$OUT/build.log" ) &
 BUILD=$!
 PT="python -m pytest -q --maxfail=5 -p no:cacheprovider -m gpu"
-stage compile_other 80 $PT tests/fp8_linear/test_compile.py -k "cublaslt or emulated"
-stage cublaslt_block 40 $PT tests/fp8_linear/backends/test_cublaslt_gpu.py -k "fp64_reference"
+stage compile_other 80 $PT tests/core/test_compile.py -k "cublaslt or emulated"
+stage cublaslt_block 40 $PT tests/core/backends/test_cublaslt_gpu.py -k "fp64_reference"
 wait $BUILD
-stage compile_sm90 60 $PT tests/fp8_linear/test_compile.py -k "sm90"
-stage sm90_linear 45 $PT tests/fp8_linear/backends/test_sm90_linear_gpu.py -k "4096-4096 or block or batched or forced or graph or compile"
+stage compile_sm90 60 $PT tests/core/test_compile.py -k "sm90"
+stage sm90_linear 45 $PT tests/core/backends/test_sm90_linear_gpu.py -k "4096-4096 or block or batched or forced or graph or compile"
 stage host_overhead 30 python benchmarks/host_overhead.py --calls 1000 --json "$OUT/host_overhead.json"
-stage generate 90 $PT tests/fp8_linear/test_generate.py -k "gpu and (fp8-dynamic or fp8-tensor)"
+stage generate 90 $PT tests/core/test_generate.py -k "gpu and (fp8-dynamic or fp8-tensor)"
 stage e2e_quick 240 python -m benchmarks.e2e --quick --out "$OUT"
 tar czf "$OUT/cache.tgz" .fp8_cache 2>/dev/null
 echo "total ${SECONDS}s" >> "$OUT/summary.txt"

@@ -1,7 +1,7 @@
 """Fused activation quantization for CUDA tensors (Triton): one launch instead of ~4-12 torch ops.
 
 Same formula as the torch path in ``fp8_linear.quantize``, bitwise equal to the CPU path (FP8 bits
-and scales; tests/fp8_linear/test_fused_quant_gpu.py):
+and scales; tests/core/test_fused_quant_gpu.py):
 ``q = cast_rne(clamp(x_fp32 / scale, -fmt_max, fmt_max))`` with IEEE division; for dynamic modes
 ``scale = max(amax_finite / fmt_max, MIN_SCALE)`` per row (token) or per 1x128 group.
 

@@ -5,7 +5,7 @@ through ``FP8Linear``; ``fp8-block`` runs on cuBLASLt's block scales where its p
 refused there with the reason). Bar: calc_diff(backend, forced emulated) < 1e-5, for ``backend`` = the
 default choice (env unset; passes whether or not the sm90 kernel exists) and ``cublaslt`` forced. The
 public GEMM on forced cuBLASLt against the fp64 reference includes block scales at M = 1 and 7 (rows
-padded) and K = 1040 (9 k-blocks: the padded scale_b rows). Run: ``pytest -m gpu tests/fp8_linear/backends/test_cublaslt_gpu.py``.
+padded) and K = 1040 (9 k-blocks: the padded scale_b rows). Run: ``pytest -m gpu tests/core/backends/test_cublaslt_gpu.py``.
 """
 
 from __future__ import annotations
