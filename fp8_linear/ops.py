@@ -9,8 +9,8 @@ outputs, mutate no input and never synchronize with the host.
 op                                  meaning
 =================================== ==========================================================================
 ``quantize_static(x, scale, fp8)``  ``x [M, K]`` -> FP8 ``[M, K]`` with the given per-tensor fp32 ``scale [1]``
-``quantize_dynamic(x, fp8, gran)``  ``x [M, K]`` -> (FP8 ``[M, K]``, fp32 scales ``[M, 1]`` (``token``) or
-                                    ``[M, ceil(K/128)]`` (``group``))
+``quantize_dynamic(x, fp8, gran)``  ``x [M, K]`` -> (FP8 ``[M, K]``, fp32 scales ``[1]`` (``tensor``),
+                                    ``[M, 1]`` (``token``) or ``[M, ceil(K/128)]`` (``group``))
 ``emulated_gemm(a, b, sa, sb, ...)`` the emulated backend's GEMM (dequantize, fp32 matmul)
 ``cublaslt_gemm(a, b, sa, sb, ...)`` the cuBLASLt backend's GEMM (``torch._scaled_mm`` / ``scaled_mm``)
 ``sm90_linear(x, w, si, sw, b, m)`` the sm90 backend's whole linear: activation quantization (mode 0 static,
@@ -81,6 +81,8 @@ def _quantize_static_fake(x, scale, fp8):
 
 
 def _quantize_dynamic_fake(x, fp8, granularity):
+    if granularity == "tensor":
+        return x.new_empty(x.shape, dtype=fp8), x.new_empty((1,), dtype=torch.float32)
     cols = 1 if granularity == "token" else math.ceil(x.shape[-1] / GROUP_SIZE)
     return x.new_empty(x.shape, dtype=fp8), x.new_empty((*x.shape[:-1], cols), dtype=torch.float32)
 
@@ -132,7 +134,8 @@ def quantize_static(x: torch.Tensor, scale: torch.Tensor, fp8: torch.dtype) -> t
 
 
 def quantize_dynamic(x: torch.Tensor, fp8: torch.dtype, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(q, scale)`` of ``x`` ``[M, K]``: per ``token`` (scale ``[M, 1]``) or 1x128 ``group`` (``[M, ceil(K/128)]``)."""
+    """``(q, scale)`` of ``x`` ``[M, K]``: per ``tensor`` (scale ``[1]``), per ``token`` (``[M, 1]``) or 1x128
+    ``group`` (``[M, ceil(K/128)]``), the scales computed from ``x`` itself."""
     if _compiling():
         return _ops.quantize_dynamic(x, fp8, granularity)
     return _quantize_dynamic_impl(x, fp8, granularity)

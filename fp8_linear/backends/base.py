@@ -37,6 +37,9 @@ ROW_KINDS = (SCALE_TOKEN, SCALE_CHANNEL)
 SCALE_ROW = "row"
 #: Activation modes of the fused quantization (the values of kernels/quant_triton.py MODE_*).
 MODE_STATIC, MODE_TOKEN, MODE_GROUP = 0, 1, 2
+#: A dynamic per-tensor activation scale (AutoFP8 ``dynamic`` checkpoints): no fused kernel mode; the
+#: scale is computed by torch ops (one amax reduction), then the GEMM runs.
+MODE_DYNAMIC_TENSOR = 3
 ACT_MODES = {SCALE_TENSOR: MODE_STATIC, SCALE_TOKEN: MODE_TOKEN, SCALE_GROUP: MODE_GROUP}
 
 
@@ -99,9 +102,10 @@ class LinearSpec:
     """What a backend needs to know of an ``FP8Linear`` to serve it, read off its tensors.
 
     n, k: ``out_features``, ``in_features``; weight_dtype: the FP8 dtype;
-    weight_kind: ``tensor`` / ``channel`` / ``block``; activation_kind: ``tensor`` (static
-    ``input_scale``), ``token`` or ``group`` (dynamic); bias_dtype: ``None`` without bias;
-    device: the weight's device.
+    weight_kind: ``tensor`` / ``channel`` / ``block``; activation_kind: ``tensor``, ``token`` or
+    ``group``; activation_dynamic: False for a static ``input_scale`` (always ``tensor``), True for
+    scales computed per call (``token``, ``group``, or a dynamic per-tensor scale); bias_dtype: ``None``
+    without bias; device: the weight's device; mode: the activation quantization mode.
     """
 
     n: int
@@ -111,7 +115,9 @@ class LinearSpec:
     activation_kind: str
     bias_dtype: torch.dtype | None
     device: torch.device
-    #: The activation quantization mode (:data:`MODE_STATIC` / :data:`MODE_TOKEN` / :data:`MODE_GROUP`).
+    activation_dynamic: bool = False
+    #: The activation quantization mode (:data:`MODE_STATIC` / :data:`MODE_TOKEN` / :data:`MODE_GROUP` /
+    #: :data:`MODE_DYNAMIC_TENSOR`).
     mode: int = MODE_STATIC
 
     @classmethod
@@ -125,8 +131,10 @@ class LinearSpec:
             wk = SCALE_CHANNEL
         else:
             wk = SCALE_BLOCK
-        ak = SCALE_TENSOR if p.get("input_scale") is not None else layer.scheme.activation_granularity
-        return cls(n, k, w.dtype, wk, ak, None if bias is None else bias.dtype, w.device, ACT_MODES[ak])
+        dynamic = p.get("input_scale") is None
+        ak = layer.scheme.activation_granularity if dynamic else SCALE_TENSOR
+        mode = MODE_DYNAMIC_TENSOR if dynamic and ak == SCALE_TENSOR else ACT_MODES[ak]
+        return cls(n, k, w.dtype, wk, ak, None if bias is None else bias.dtype, w.device, dynamic, mode)
 
 
 @dataclass(frozen=True)
@@ -208,10 +216,10 @@ class Backend:
 
 def quantize_activation(layer, x2: torch.Tensor, spec: LinearSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q, scale_a)`` of the flattened activation ``x2`` ``[M, K]`` as ``spec`` says: the static
-    ``input_scale`` ``[1]``, or dynamic per ``token`` / 1x128 ``group`` scales (custom ops)."""
+    ``input_scale`` ``[1]``, or dynamic per ``tensor`` / ``token`` / 1x128 ``group`` scales (custom ops)."""
     from .. import ops
 
-    if spec.activation_kind == SCALE_TENSOR:
+    if not spec.activation_dynamic:
         s = layer._parameters["input_scale"]
         return ops.quantize_static(x2, s, spec.weight_dtype), s
     return ops.quantize_dynamic(x2, spec.weight_dtype, spec.activation_kind)

@@ -24,6 +24,7 @@ import torch
 
 from ..formats import MIN_SCALE, fmt_max
 from .base import (
+    MODE_DYNAMIC_TENSOR,
     MODE_GROUP,
     MODE_STATIC,
     ROW_KINDS,
@@ -34,6 +35,7 @@ from .base import (
     GemmProblem,
     LinearSpec,
     expand_scale_a_to_groups,
+    quantize_and_gemm,
 )
 
 #: Compute capability the kernel is built for (wgmma / setmaxnreg need sm_90a exactly).
@@ -142,6 +144,16 @@ def _linear(x, weight, input_scale, weight_scale, bias, mode: int, block: bool, 
         choice = _choice(numel // k, n, k, mode, dtype)
     return ext.linear_fwd(x, weight, input_scale, weight_scale, bias, mode, choice[0], _FMT_MAX[fp8], MIN_SCALE,
                           choice[1])
+
+
+def _gemm_op(q, weight, scale_a, weight_scale, bias, out_dtype) -> torch.Tensor:
+    """The kernel's registered GEMM op (``fp8_linear::sm90_gemm``) on a quantized activation ``q`` ``[M, K]``
+    with a per-tensor ``scale_a`` ``[1]`` (spread over the 1x128 groups for block weights)."""
+    if weight_scale.dim() == 2 and weight_scale.shape[1] > 1:
+        scale_a = expand_scale_a_to_groups(scale_a, q.shape[0], q.shape[1])
+    else:
+        scale_a, weight_scale = scale_a.reshape(-1), weight_scale.reshape(-1)
+    return kernels_module().sm90_gemm(q, weight, scale_a, weight_scale, bias, out_dtype)
 
 
 class Sm90Backend(Backend):
@@ -262,6 +274,8 @@ class Sm90Backend(Backend):
     def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
         p = layer._parameters
         spec = layer._plan.spec
+        if spec.mode == MODE_DYNAMIC_TENSOR:  # no fused mode: torch-op quantization, then the GEMM op
+            return quantize_and_gemm(layer, x, _gemm_op)
         if _dynamo_compiling():
             return torch.ops.fp8_linear.sm90_linear(x, p["weight"], p["input_scale"], p["weight_scale"], p["bias"],
                                                     spec.mode, spec.weight_kind == SCALE_BLOCK)

@@ -125,3 +125,16 @@ def test_reduce_overhead_is_bitwise_eager_on_gpu(fp8_env, preset, backend):
             out = compiled(x).clone()
             ref = mod(x)
             assert torch.equal(_bits(out), _bits(ref)), f"{preset} on {backend}, M={m}"
+
+
+def test_dynamic_per_tensor_activations_trace_and_match_eager():
+    """AutoFP8 ``dynamic`` checkpoints: a per-tensor activation scale computed per call."""
+    from fp8_linear import QuantScheme
+    from fp8_linear.backends.base import MODE_DYNAMIC_TENSOR
+
+    mod = FP8Linear.from_linear(nn.Linear(200, 72), QuantScheme("dyn-tensor", "tensor", True, "tensor"))
+    assert mod.input_scale is None and mod._plan.spec.mode == MODE_DYNAMIC_TENSOR
+    x = torch.randn(3, 200) * 2
+    ex = torch._dynamo.explain(mod)(x)
+    assert ex.graph_break_count == 0, ex.break_reasons
+    assert torch.equal(torch.compile(mod, fullgraph=True)(x), mod(x))
