@@ -7,7 +7,7 @@ one call (CUDA events over 50 calls). The bar (docs/design.md section 4): an eag
 M = 1 costs at most BF16 ``nn.Linear``'s host time + 2 us. The last lines print each preset's margin
 and whether it meets the bar; ``--json`` writes the rows.
 
-Usage: python benchmarks/host_overhead.py [--n 4096] [--k 4096] [--m 1] [--calls 2000] [--json out.json]
+Usage: python -m benchmarks.host_overhead [--n 4096] [--k 4096] [--m 1] [--calls 2000] [--json out.json]
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ stage cublaslt_block 40 $PT tests/core/backends/test_cublaslt_gpu.py -k "fp64_re
 wait $BUILD
 stage compile_sm90 60 $PT tests/core/test_compile.py -k "sm90"
 stage sm90_linear 45 $PT tests/core/backends/test_sm90_linear_gpu.py -k "4096-4096 or block or batched or forced or graph or compile"
-stage host_overhead 30 python benchmarks/host_overhead.py --calls 1000 --json "$OUT/host_overhead.json"
+stage host_overhead 30 python -m benchmarks.host_overhead --calls 1000 --json "$OUT/host_overhead.json"
 stage generate 90 $PT tests/core/test_generate.py -k "gpu and (fp8-dynamic or fp8-tensor)"
 stage e2e_quick 240 python -m benchmarks.e2e --quick --out "$OUT"
 tar czf "$OUT/cache.tgz" .fp8_cache 2>/dev/null
