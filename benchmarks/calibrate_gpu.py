@@ -57,16 +57,21 @@ def build_model(layers: int):
 
     cfg = LlamaConfig(**{**LLAMA3_8B, "num_hidden_layers": layers})
     cfg._attn_implementation = "sdpa"
-    with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
-    model = model.to_empty(device="cpu").to(torch.bfloat16)
-    g = torch.Generator().manual_seed(0)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("meta"):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    model = model.to_empty(device="cpu")
+    g = torch.Generator(device="cuda").manual_seed(0)  # drawn on the GPU (fast), one tensor at a time
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or "layernorm" in name:
                 p.fill_(1.0)
             else:
-                p.normal_(0.0, WEIGHT_STD, generator=g)
+                p.copy_(torch.randn(p.shape, dtype=torch.bfloat16, device="cuda", generator=g).mul_(WEIGHT_STD))
     model.model.rotary_emb = type(model.model.rotary_emb)(config=cfg)  # its buffers were made on meta
     return model.eval()
 

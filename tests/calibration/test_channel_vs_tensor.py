@@ -33,6 +33,9 @@ def test_fp8_channel_not_behind_fp8_tensor_on_report_split():
         assert len(sqnr) == 30 * 7 and all(20 < v < 60 for v in sqnr.values()), s
     gap, se = preset_gap(table, "fp8-channel", "fp8-tensor")
     assert gap <= se, f"fp8-channel {gap:+.3f} ppl points behind fp8-tensor (paired SE {se:.3f})"
+    # the low-noise measure of the same thing: divergence from the unquantized model (measured 8-11%
+    # lower for fp8-channel on every held-out text, docs/calibration.md)
+    assert table.row("fp8-channel")["kl"] <= table.row("fp8-tensor")["kl"]
 
 
 def test_preset_gap_names_missing_preset():
