@@ -38,6 +38,7 @@ from .errors import (
     BackendUnavailableError,
     CalibrationError,
     CheckpointError,
+    DeviceError,
     FP8LinearError,
     ScaleError,
     ShapeError,
@@ -78,7 +79,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "BackendUnavailableError", "CalibrationError", "CheckpointError", "FP8LinearError", "ScaleError", "ShapeError",
+    "BackendUnavailableError", "CalibrationError", "CheckpointError", "DeviceError", "FP8LinearError", "ScaleError", "ShapeError",
     "FORMATS", "fmt_max", "fp8_gemm", "FP8Linear", "dequantize_fp8", "quantize_fp8", "PRESETS", "QuantScheme",
     "resolve_scheme", "quantize_model", "compare_schemes", "save_quantized", "load_quantized",
     "FP8LinearConfig", "grouped_fp8_gemm", "FP8Experts",
