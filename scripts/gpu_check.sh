@@ -35,12 +35,13 @@ BUILD=$!
 PT="python -m pytest -q -p no:cacheprovider -m gpu -rfE"
 stage cublaslt_tests 100 $PT tests/core/backends/test_cublaslt_gpu.py tests/core/test_fused_quant_gpu.py
 wait $BUILD; tail -n 1 "$OUT/build.log" | tee -a "$OUT/summary.txt"
-stage kernels 170 $PT tests/kernels
-stage gpu_tests 150 $PT tests --ignore=tests/kernels --ignore=tests/core/backends/test_cublaslt_gpu.py \
+stage kernels 150 $PT tests/kernels
+stage gpu_tests 120 $PT tests --ignore=tests/kernels --ignore=tests/core/backends/test_cublaslt_gpu.py \
   --ignore=tests/core/test_fused_quant_gpu.py
 stage sanitize_block 45 env SANITIZE_ARGS=--block SANITIZE_TOOLS="racecheck" bash benchmarks/tools/sanitize.sh
-stage block_bench 60 python -m benchmarks.gemm_bench --mode block --quick --out "$OUT"
-stage e2e 150 python -m benchmarks.e2e --quick --out "$OUT"
+stage host_overhead 30 python -m benchmarks.host_overhead --calls 1000 --json "$OUT/host_overhead.json"
+stage block_bench 50 python -m benchmarks.gemm_bench --mode block --quick --out "$OUT"
+stage e2e 140 python -m benchmarks.e2e --quick --out "$OUT"
 stage calibrate_gpu 90 python -m benchmarks.calibrate_gpu --quick --out "$OUT"
 stage moe_bench 60 python -m benchmarks.moe_bench --quick --out "$OUT"
 tar czf "$OUT/cache.tgz" .fp8_cache 2>/dev/null
