@@ -181,7 +181,7 @@ def compare_schemes(
     observers, t_cal = None, 0.0
     if gptq or any(s.static for s in schemes):
         t0 = time.perf_counter()
-        batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size)
+        batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size, model=model)
         observers = calibrate(model, targets, batches, progress=progress, histogram=needs_histogram(schemes), hessian=gptq,
                               dtype=calib_dtype)
         t_cal = time.perf_counter() - t0

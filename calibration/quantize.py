@@ -385,7 +385,7 @@ def quantize_model(
         raise ValueError("device/offload_activations: only used with layerwise=True (otherwise calibration runs where the model is)")
     observers = batches = None
     if scheme.static or gptq:
-        batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size)
+        batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size, model=model)
         if not layerwise:
             observers = calibrate(model, targets, batches, progress=progress, histogram=needs_histogram([scheme]),
                                   hessian=gptq, dtype=calib_dtype, hessian_tokens=hessian_tokens)
@@ -414,7 +414,7 @@ def _quantize_to_budget(model, targets, calib_data, tokenizer, scheme, gptq, max
 
     if not is_causal_lm(model):
         raise ValueError(f"max_kl: needs a causal LM (a model returning logits), got {type(model).__name__}")
-    batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size)
+    batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size, model=model)
     cal, hold = mp.split_holdout(batches)
     refs = mp.reference_logprobs(model, hold)
     observers = calibrate(model, targets, cal, progress=progress, histogram=needs_histogram([scheme]), hessian=gptq,
