@@ -110,6 +110,10 @@ def layer_candidates(layer, device: torch.device | None = None) -> list[tuple[st
     return [(b.name, *b.can_implement(layer, device)) for b in BACKENDS]
 
 
+#: Plain attribute of an ``FP8Linear`` naming a backend that every plan of the layer must use.
+PINNED_ATTR = "pinned_backend"
+
+
 def plan_layer(layer) -> LayerPlan:
     """Choose the backend of ``layer`` (an ``FP8Linear``) for its weight's device and the current
     settings, let it prepare the layer's tensors (``process_weights``), and return the plan.
@@ -121,12 +125,17 @@ def plan_layer(layer) -> LayerPlan:
     gen = settings.GENERATION
     device = layer._parameters["weight"].device
     what = f"FP8Linear(in={layer.in_features}, out={layer.out_features}, scheme={layer.scheme.name})"
-    if st.backend:
-        b = get_backend(st.backend)
+    # A backend pinned on the layer (FP8LinearConfig(backend=...)) holds across re-plans (device moves,
+    # replaced weights), as the environment's forced backend does.
+    pinned = layer.__dict__.get(PINNED_ATTR)
+    if pinned or st.backend:
+        name = pinned or st.backend
+        b = get_backend(name)
         ok, why = b.can_implement(layer, device)
         if not ok:
-            raise BackendUnavailableError(f"{BACKEND_ENV}={st.backend} cannot run {what} on {device}: {why}")
-        reason = f"forced by {BACKEND_ENV}"
+            who = f"backend {name!r} pinned on the layer" if pinned else f"{BACKEND_ENV}={name}"
+            raise BackendUnavailableError(f"{who} cannot run {what} on {device}: {why}")
+        reason = f"pinned on the layer ({name})" if pinned else f"forced by {BACKEND_ENV}"
     else:
         skipped, b = [], None
         for cand in BACKENDS:
@@ -143,4 +152,4 @@ def plan_layer(layer) -> LayerPlan:
 
 
 __all__ = ["BACKENDS", "BACKEND_ENV", "BACKEND_NAMES", "Backend", "GemmProblem", "LayerPlan", "LinearSpec",
-           "candidates", "get_backend", "layer_candidates", "plan_layer", "select_backend"]
+           "PINNED_ATTR", "candidates", "get_backend", "layer_candidates", "plan_layer", "select_backend"]

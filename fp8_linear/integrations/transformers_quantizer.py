@@ -104,7 +104,7 @@ def pin_backend(name: str, layer_name: str, layer: FP8Linear) -> None:
     naming the layer and the backend's reason when the backend cannot serve it on its device.
     """
     from .. import settings
-    from ..backends import LayerPlan, LinearSpec, get_backend
+    from ..backends import PINNED_ATTR, LayerPlan, LinearSpec, get_backend
     from ..errors import BackendUnavailableError
 
     backend = get_backend(name)
@@ -113,6 +113,7 @@ def pin_backend(name: str, layer_name: str, layer: FP8Linear) -> None:
     if not ok:
         raise BackendUnavailableError(f"{layer_name}: FP8LinearConfig(backend={name!r}) cannot run this layer on {device}: {why}")
     backend.process_weights(layer)
+    layer.__dict__[PINNED_ATTR] = name  # later re-plans (device moves, replaced weights) keep it
     layer.__dict__["_plan"] = LayerPlan(backend, LinearSpec.of(layer), layer._parameters["weight"], settings.GENERATION,
                                         f"chosen by FP8LinearConfig(backend={name!r})")
 
