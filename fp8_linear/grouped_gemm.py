@@ -273,10 +273,10 @@ def _supports(b: GroupedBackend, device: torch.device) -> tuple[bool, str]:
 def select_grouped_backend(problem: GroupedProblem) -> GroupedBackend:
     """The grouped backend that runs ``problem`` (``per_expert`` when ``FP8_LINEAR_BACKEND`` forces a
     dense backend, else the first able one)."""
-    from .backends import BACKEND_ENV
+    from . import settings
     from .moe.grouped_backends import PER_EXPERT
 
-    if os.environ.get(BACKEND_ENV, "").strip():
+    if settings.get().backend:  # the environment, read once (fp8_linear.settings)
         return PER_EXPERT
     for b in grouped_backends():
         ok, _ = _supports(b, problem.device)
