@@ -11,6 +11,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "calibration"))
 from calib_helpers import WORDS, make_word_tokenizer, tiny_llama_config  # noqa: E402
 
+_SUITE_THREADS = torch.get_num_threads()
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    """The CLI's ``main`` sets torch's thread count for its run (``fp8_linear.cli.threads``); restore
+    the suite's own count (``OMP_NUM_THREADS``) after each test so later tests run with the threads
+    the test run was started with (read at collection, before session fixtures run ``main``)."""
+    yield
+    torch.set_num_threads(_SUITE_THREADS)
+
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory):
