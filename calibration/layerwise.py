@@ -163,11 +163,16 @@ def calibrate_layerwise(
     base.eval()
     masks = [None if bool(b.attention_mask.bool().all()) else b.attention_mask.reshape(-1).bool().to(device) for b in batches]
     bar = tqdm(total=len(layers), desc="calibrating layers", unit="layer", disable=not progress)
+    # Only the forwards run under inference_mode. Moves and ``on_layer`` (which builds the FP8Linear
+    # layers) run outside it, under no_grad: a parameter made under inference_mode has no version
+    # counter, and once a later move outside it writes a new tensor into it (``param.data = ...``,
+    # what ``.to("cuda")`` does), every view of it raises "Inference tensors do not track version counter".
     try:
-        with torch.inference_mode():
+        with torch.no_grad():
             moved = _move_outside(base, layers, device)  # embeddings etc.: on the device for the capture only
             try:
-                states = capture_layer_inputs(base, layers, batches, device, store)
+                with torch.inference_mode():
+                    states = capture_layer_inputs(base, layers, batches, device, store)
             finally:
                 for mod, dev in moved:
                     _move_outside_one(mod, dev)
@@ -176,15 +181,11 @@ def calibrate_layerwise(
                 layer.to(device)
                 hooks = ObserverHooks(observers, hessian, hessian_tokens).attach(per_layer[i])
                 try:
-                    nxt = []
-                    for (hidden, kw), mask in zip(states, masks):
-                        hooks.begin_batch(mask)
-                        out = layer(hidden.to(device), **kw)
-                        out = out[0] if isinstance(out, tuple) else out
-                        nxt.append((out.to(store), kw))
+                    with torch.inference_mode():
+                        states = [_run_layer(layer, hidden, kw, mask, hooks, device, store)
+                                  for (hidden, kw), mask in zip(states, masks)]
                 finally:
                     hooks.remove()
-                states = nxt
                 if on_layer is not None and per_layer[i]:
                     on_layer(i, per_layer[i])
                 layer.to(home)
@@ -196,6 +197,14 @@ def calibrate_layerwise(
         base.train(was_training)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return {"layers": len(layers), "peak_gpu_bytes": peak}
+
+
+def _run_layer(layer: nn.Module, hidden: torch.Tensor, kw: dict, mask, hooks: ObserverHooks, device, store):
+    """One batch through one decoder layer with the observer hooks on; ``(output on store, kw)``."""
+    hooks.begin_batch(mask)
+    out = layer(hidden.to(device), **kw)
+    out = out[0] if isinstance(out, tuple) else out
+    return out.to(store), kw
 
 
 def _move_outside_one(mod: nn.Module, device) -> None:
