@@ -203,6 +203,13 @@ class FP8Linear(nn.Module):
         self._try_prepare()  # planned now, not inside a first compiled call
 
     def _apply(self, fn, recurse=True):
+        if not torch.is_inference_mode_enabled():
+            # A parameter made under torch.inference_mode has no version counter; a move outside it writes a
+            # normal tensor into it (``param.data = new``) and every later view of it raises ("Inference
+            # tensors do not track version counter"). Such parameters are renewed (copied) first.
+            for key, p in self._parameters.items():
+                if p is not None and p.is_inference():
+                    self._parameters[key] = nn.Parameter(p.clone(), requires_grad=p.requires_grad)
         keep = [p for p in (self.weight, self.weight_scale, self.input_scale) if p is not None]
 
         def keep_dtype(t):
