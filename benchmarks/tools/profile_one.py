@@ -17,9 +17,11 @@ def main() -> int:
     ap.add_argument("--shape", type=int, nargs=3, default=[8192, 8192, 8192], metavar=("M", "N", "K"))
     ap.add_argument("--launches", type=int, default=4)
     ap.add_argument("--channel", action="store_true", help="per-channel scale_b instead of per-tensor")
+    ap.add_argument("--block", action="store_true",
+                    help="fine-grained scales: scale_a [M, ceil(K/128)], scale_b [ceil(N/128), ceil(K/128)]")
     args = ap.parse_args()
     m, n, k = args.shape
-    if args.config < 0 and args.channel:
+    if args.config < 0 and (args.channel or args.block):
         raise SystemExit("profile_one: --channel needs an sm90 config (the cuBLASLt target is per-tensor)")
     import fp8_linear.kernels as kern
 
@@ -27,6 +29,10 @@ def main() -> int:
     b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
     sa = torch.ones(1, device="cuda")
     sb = torch.rand(n if args.channel else 1, device="cuda") + 0.5
+    if args.block:
+        kb, nb = -(-k // 128), -(-n // 128)
+        sa = torch.rand(m, kb, device="cuda") + 0.5
+        sb = torch.rand(nb, kb, device="cuda") + 0.5
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     for _ in range(args.launches):
         if args.config < 0:

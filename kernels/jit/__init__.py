@@ -9,7 +9,7 @@ first use, once per process even when several threads ask at the same time.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import importlib
 import os
 import pathlib
 import shutil
@@ -132,15 +132,15 @@ def build_dir(key: str | None = None) -> pathlib.Path:
 
 
 def _import_built(name: str, folder: pathlib.Path):
-    so = [p for p in folder.glob(f"{name}*.so")]
-    if not so:
+    """Import the built extension ``name`` from ``folder`` (a plain import with the folder on sys.path
+    for the duration; None when no built library is there)."""
+    if not any(folder.glob(f"{name}*.so")):
         return None
-    spec = importlib.util.spec_from_file_location(name, so[0])
-    if spec is None or spec.loader is None:
-        return None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    sys.path.insert(0, str(folder))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(folder))
 
 
 def load(verbose: bool = False):

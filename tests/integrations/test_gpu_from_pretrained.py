@@ -26,9 +26,11 @@ LLAMA_1B_SHAPED = dict(vocab_size=32000, hidden_size=2048, intermediate_size=819
 #: Widens the default init (std 0.02) so the random model's greedy tokens are well separated.
 GAIN = 2.0
 NEW_TOKENS = 32
-#: bf16 logits of two FP8 runs that differ only in FP32 accumulation order (another GEMM backend):
-#: about the bf16 output rounding (1.4e-6 per docs/design.md section 7), with room for 4 layers.
-BACKEND_SWAP_BAR = 1e-4
+#: Two FP8 runs that differ only in the GEMM backend (FP32 accumulation order) differ in each layer's
+#: bf16 output by about its rounding (1.4e-6 per docs/design.md section 7); with per-token dynamic
+#: activations that flips e4m3 roundings of the next layer's input, so the logits differ by a fraction of
+#: the FP8 quantization error itself: the bar is this fraction of calc_diff(FP8 model, BF16 model).
+BACKEND_SWAP_FRACTION = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +94,12 @@ def test_backend_pins_every_layer(llama_dir, backend):
     assert {m.backend for m in pinned.modules() if isinstance(m, FP8Linear)} == {backend}
     ids = random_ids((2, 64), vocab=LLAMA_1B_SHAPED["vocab_size"], seed=4).cuda()
     with torch.inference_mode():
-        d = calc_diff(auto(ids).logits, pinned(ids).logits)
-    print(f"{backend} vs automatic ({auto.model.layers[0].mlp.up_proj.backend}): calc_diff {d:.3g}")
-    assert d < BACKEND_SWAP_BAR
+        ref = _load(llama_dir, device_map="cuda:0")(ids).logits.double()
+        a, p = auto(ids).logits.double(), pinned(ids).logits.double()
+    d, d_q = calc_diff(a, p), calc_diff(a, ref)
+    print(f"{backend} vs automatic ({auto.model.layers[0].mlp.up_proj.backend}): calc_diff {d:.3g}; "
+          f"automatic vs BF16 {d_q:.3g}, {backend} vs BF16 {calc_diff(p, ref):.3g}")
+    assert d < BACKEND_SWAP_FRACTION * d_q
 
 
 def test_save_pretrained_round_trip_on_gpu(llama_dir, tmp_path):
