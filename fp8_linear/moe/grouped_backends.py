@@ -1,5 +1,7 @@
 """The built-in backends of :func:`fp8_linear.grouped_fp8_gemm` (contract: ``fp8_linear/grouped_gemm.py``).
 
+- ``sm90_grouped``: our grouped Hopper kernel (``fp8_linear/moe/sm90_grouped.py``): one launch, no
+  host sync, fp8 (e4m3 / e5m2), per-tensor / per-token x per-expert / per-channel scales, any output.
 - ``torch_grouped``: ``torch._scaled_grouped_mm``, PyTorch's grouped FP8 GEMM (one launch for all
   experts; Hopper and Blackwell; e4m3 x e4m3, per-tensor / per-row scales, bf16 output, FP32
   accumulation with ``use_fast_accum=False``).
@@ -7,8 +9,7 @@
   (:func:`fp8_linear.gemm.run_problem`: sm90 -> cuBLASLt -> emulated). Takes every problem; on a
   CPU it is the emulated reference, on a GPU the per-expert ``torch._scaled_mm`` loop.
 
-A grouped kernel of our own goes in front of both with
-:func:`fp8_linear.grouped_gemm.register_grouped_backend`.
+Any other backend goes in front of them with :func:`fp8_linear.grouped_gemm.register_grouped_backend`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from ..gemm import make_problem, run_problem
 from ..grouped_gemm import A_ROW, A_TENSOR, B_CHANNEL, B_TENSOR, GroupedBackend, GroupedProblem
+from .sm90_grouped import SM90_GROUPED
 
 #: Compute capability majors on which torch ships ``_scaled_grouped_mm`` kernels (sm90, sm100).
 TORCH_GROUPED_MAJORS = (9, 10)
@@ -97,4 +99,4 @@ class TorchGroupedBackend(GroupedBackend):
 PER_EXPERT = PerExpertBackend()
 TORCH_GROUPED = TorchGroupedBackend()
 #: The built-in order after any registered backend.
-BUILTIN_BACKENDS = (TORCH_GROUPED, PER_EXPERT)
+BUILTIN_BACKENDS = (SM90_GROUPED, TORCH_GROUPED, PER_EXPERT)

@@ -11,6 +11,7 @@
 
 #include "act_quant.h"
 #include "sm90_api.h"
+#include "sm90_grouped_api.h"
 
 // Argument checks of the functions below. Messages are built with std::to_string and string
 // appends only, never with an ostream: on the H200 image a check streaming an
@@ -83,8 +84,8 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
   FP8_CHECK(M < (1LL << 31) && N < (1LL << 31) && K < (1LL << 31), "sm90_gemm: dims too large");
   FP8_CHECK(scale_a.scalar_type() == at::kFloat && scale_b.scalar_type() == at::kFloat,
               "sm90_gemm: scales must be float32");
-  FP8_CHECK(scale_a.is_contiguous() && scale_b.is_contiguous(), "sm90_gemm: scales must be contiguous");
   const bool block = is_block_scaled(scale_a, scale_b, M, N, K);
+  FP8_CHECK((block || scale_a.is_contiguous()) && scale_b.is_contiguous(), "sm90_gemm: scales must be contiguous");
   const int64_t kbn = (K + kScaleBlock - 1) / kScaleBlock;
   FP8_CHECK(block || kbn == 1 || !(scale_a.dim() == 2 && scale_a.size(0) == M && scale_a.size(1) == kbn),
             "sm90_gemm: a 1x128 scale_a [M, ceil(K/128)] = ", dims_str(scale_a.sizes()),
@@ -106,7 +107,10 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
   g.K = static_cast<int>(K);
   g.fmt_a = fmt_code(a, "a");
   g.fmt_b = fmt_code(b, "b");
-  g.scale_a = scale_a.data_ptr<float>();
+  // Block scale_a is read M-major (the layout act_quant writes); any other layout is copied into it.
+  const at::Tensor sa_m = !block || is_m_major(scale_a) ? scale_a : new_group_scales(M, K, scale_a.options()).copy_(scale_a);
+  g.scale_a = sa_m.data_ptr<float>();
+  g.scale_a_ld = block && sa_m.size(1) > 1 ? sa_m.stride(1) : group_scale_ld(M);
   g.scale_a_row = (scale_a.numel() == M && M > 1) ? 1 : 0;
   g.scale_b = scale_b.data_ptr<float>();
   g.scale_b_row = (scale_b.numel() == N && N > 1) ? 1 : 0;
@@ -146,6 +150,26 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
   FP8_CHECK(err == nullptr, "sm90_gemm: ", err ? err : "");
 }
 
+// Leading dimension of M-major 1 x 128 group scales of `rows` rows: rows rounded up to 4 (16-byte
+// aligned columns, what the kernel's TMA reads).
+int64_t group_scale_ld(int64_t rows) { return (rows + 3) / 4 * 4; }
+
+// New 1 x 128 group scales [rows, ceil(K/128)] fp32, M-major: strides (1, group_scale_ld(rows)), the
+// layout act_quant writes and the sm90 GEMM reads without a copy.
+at::Tensor new_group_scales(int64_t rows, int64_t K, const at::TensorOptions& opts) {
+  const int64_t kbn = (K + fp8act::kGroupSize - 1) / fp8act::kGroupSize;
+  return at::empty({kbn, group_scale_ld(rows)}, opts.dtype(at::kFloat)).narrow(1, 0, rows).t();
+}
+
+// Whether `s` ([rows, kbn] fp32) is M-major as the kernel reads it: stride 1 along rows (any, for one
+// row), the k-block stride >= rows and a multiple of 4 (any, for one k-block), 16-byte aligned.
+bool is_m_major(const at::Tensor& s) {
+  const int64_t rows = s.size(0), kbn = s.size(1);
+  const bool rows_ok = rows <= 1 || s.stride(0) == 1;
+  const bool cols_ok = kbn <= 1 || (s.stride(1) >= rows && s.stride(1) % 4 == 0);
+  return rows_ok && cols_ok && reinterpret_cast<uintptr_t>(s.data_ptr()) % 16 == 0;
+}
+
 int act_kind(const at::Tensor& x, const char* name) {
   switch (x.scalar_type()) {
     case at::kFloat: return fp8act::kF32;
@@ -157,7 +181,8 @@ int act_kind(const at::Tensor& x, const char* name) {
 }
 
 // Quantize x [rows, K] (last dim contiguous, any row stride) into the preallocated contiguous fp8 `q`
-// [rows, K]; `scale` is read (static, [1]) or written (token [rows, 1], group [rows, ceil(K/128)]).
+// [rows, K]; `scale` is read (static, [1]) or written (token [rows, 1] contiguous, group
+// [rows, ceil(K/128)] M-major: is_m_major, e.g. new_group_scales).
 void act_quant_into(const at::Tensor& x, at::Tensor& q, at::Tensor& scale, int64_t mode, double fmt_max,
                     double min_scale) {
   FP8_CHECK(x.is_cuda() && q.device() == x.device() && scale.device() == x.device(),
@@ -167,12 +192,18 @@ void act_quant_into(const at::Tensor& x, at::Tensor& q, at::Tensor& scale, int64
   FP8_CHECK(x.size(1) <= 1 || x.stride(1) == 1, "act_quant: x must have a contiguous last dim, got strides ",
               dims_str(x.strides()));
   FP8_CHECK(q.is_contiguous() && q.sizes() == x.sizes(), "act_quant: q must be a contiguous ", dims_str(x.sizes()));
-  FP8_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous(), "act_quant: scale must be contiguous float32");
   const int64_t rows = x.size(0), K = x.size(1);
   const int64_t want = mode == fp8act::kStatic ? 1 : mode == fp8act::kToken ? rows
                                                      : rows * ((K + fp8act::kGroupSize - 1) / fp8act::kGroupSize);
   FP8_CHECK(scale.numel() == want, "act_quant: scale must have ", want, " elements for mode ", mode, ", got ",
               scale.numel());
+  if (mode == fp8act::kGroup) {
+    FP8_CHECK(scale.scalar_type() == at::kFloat && scale.dim() == 2 && scale.size(0) == rows && is_m_major(scale),
+              "act_quant: group scales must be float32 [rows, ceil(K/128)], M-major (strides (1, ld), ld >= rows, "
+              "a multiple of 4), got ", dims_str(scale.sizes()), " strides ", dims_str(scale.strides()));
+  } else {
+    FP8_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous(), "act_quant: scale must be contiguous float32");
+  }
   fp8act::ActQuantArgs a{};
   a.x = x.data_ptr();
   a.x_kind = act_kind(x, "x");
@@ -182,6 +213,7 @@ void act_quant_into(const at::Tensor& x, at::Tensor& q, at::Tensor& scale, int64
   a.q = q.data_ptr();
   a.fmt = fmt_code(q, "q");
   a.scale = scale.data_ptr<float>();
+  a.scale_ld = mode == fp8act::kGroup && scale.size(1) > 1 ? scale.stride(1) : group_scale_ld(rows);
   a.mode = static_cast<int>(mode);
   a.fmt_max = static_cast<float>(fmt_max);
   a.min_scale = static_cast<float>(min_scale);
@@ -207,7 +239,7 @@ std::tuple<at::Tensor, at::Tensor> act_quant(const at::Tensor& x, int64_t fp8, i
   } else if (mode == fp8act::kToken) {
     s = at::empty({rows, 1}, x.options().dtype(at::kFloat));
   } else {
-    s = at::empty({rows, (K + fp8act::kGroupSize - 1) / fp8act::kGroupSize}, x.options().dtype(at::kFloat));
+    s = new_group_scales(rows, K, x.options());
   }
   act_quant_into(x, q, s, mode, fmt_max, min_scale);
   return {q, s};
@@ -238,7 +270,7 @@ at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::
   } else if (act_mode == fp8act::kToken) {
     sa = at::empty({M, 1}, x.options().dtype(at::kFloat));
   } else {
-    sa = at::empty({M, (K + kScaleBlock - 1) / kScaleBlock}, x.options().dtype(at::kFloat));
+    sa = new_group_scales(M, K, x.options());
   }
   act_quant_into(x2, q, sa, act_mode, fmt_max, min_scale);
   at::Tensor out = at::empty({M, N}, x.options());
@@ -247,6 +279,70 @@ at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = N;
   return out.view(shape);
+}
+
+// Grouped (mixture-of-experts) GEMM into `out` [M, N] (include/sm90_grouped_api.h): x [M, K] tokens sorted by
+// expert, w [E, N, K] (each expert K-contiguous), offsets [E] int32 / int64 cumulative row ends (device),
+// scale_x [1] / [M, 1], scale_w [E] / [E, N], bias [E, N] or None; block_n: the token tile (16/32/64/128).
+void grouped_gemm_out(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale_x, const at::Tensor& scale_w,
+                      const at::Tensor& offsets, const c10::optional<at::Tensor>& bias, at::Tensor& out,
+                      int64_t block_n) {
+  FP8_CHECK(x.is_cuda() && w.device() == x.device() && out.device() == x.device() && offsets.device() == x.device() &&
+                scale_x.device() == x.device() && scale_w.device() == x.device(),
+            "grouped_gemm: every tensor must be on ", dev_str(x));
+  FP8_CHECK(x.dim() == 2 && w.dim() == 3 && w.size(2) == x.size(1), "grouped_gemm: x [M, K] and w [E, N, K] expected, got ",
+            dims_str(x.sizes()), " and ", dims_str(w.sizes()));
+  const int64_t M = x.size(0), E = w.size(0), N = w.size(1), K = x.size(1);
+  FP8_CHECK(x.is_contiguous() && out.is_contiguous() && w.stride(2) == 1 && (N == 1 || w.stride(1) == K),
+            "grouped_gemm: x, out contiguous and w's experts K-contiguous expected");
+  FP8_CHECK(out.size(0) == M && out.size(1) == N, "grouped_gemm: out must be [M, N]");
+  FP8_CHECK(offsets.numel() == E && offsets.is_contiguous() &&
+                (offsets.scalar_type() == at::kInt || offsets.scalar_type() == at::kLong),
+            "grouped_gemm: offsets must be a contiguous int32 / int64 [E]");
+  FP8_CHECK(scale_x.scalar_type() == at::kFloat && scale_w.scalar_type() == at::kFloat && scale_x.is_contiguous() &&
+                scale_w.is_contiguous(), "grouped_gemm: scales must be contiguous float32");
+  FP8_CHECK(scale_x.numel() == 1 || scale_x.numel() == M, "grouped_gemm: scale_x must be [1] or [M, 1]");
+  FP8_CHECK(scale_w.numel() == E || scale_w.numel() == E * N, "grouped_gemm: scale_w must be [E] or [E, N]");
+  FP8_CHECK(M < (1LL << 31) && N < (1LL << 31) && K < (1LL << 31), "grouped_gemm: dims too large");
+  fp8sm90::GroupedArgs g{};
+  g.x = x.data_ptr();
+  g.w = w.data_ptr();
+  g.w_expert_stride = E > 1 ? w.stride(0) : N * K;
+  g.M = static_cast<int>(M);
+  g.N = static_cast<int>(N);
+  g.K = static_cast<int>(K);
+  g.E = static_cast<int>(E);
+  g.fmt_x = fmt_code(x, "x");
+  g.fmt_w = fmt_code(w, "w");
+  g.offsets = offsets.data_ptr();
+  g.offsets_64 = offsets.scalar_type() == at::kLong ? 1 : 0;
+  g.scale_x = scale_x.data_ptr<float>();
+  g.scale_x_row = (scale_x.numel() == M && M > 1) ? 1 : 0;
+  g.scale_w = scale_w.data_ptr<float>();
+  g.scale_w_row = (scale_w.numel() == E * N && N > 1) ? 1 : 0;
+  if (bias.has_value() && bias->defined()) {
+    FP8_CHECK(bias->device() == x.device() && bias->numel() == E * N && bias->is_contiguous(),
+              "grouped_gemm: bias must be a contiguous [E, N]");
+    g.bias = bias->data_ptr();
+    switch (bias->scalar_type()) {
+      case at::kFloat: g.bias_kind = 1; break;
+      case at::kBFloat16: g.bias_kind = 2; break;
+      case at::kHalf: g.bias_kind = 3; break;
+      default: FP8_CHECK(false, "grouped_gemm: bias must be float32, bfloat16 or float16");
+    }
+  }
+  g.out = out.data_ptr();
+  switch (out.scalar_type()) {
+    case at::kFloat: g.out_kind = 0; break;
+    case at::kBFloat16: g.out_kind = 1; break;
+    case at::kHalf: g.out_kind = 2; break;
+    default: FP8_CHECK(false, "grouped_gemm: out must be float32, bfloat16 or float16");
+  }
+  g.block_n = static_cast<int>(block_n);
+  const c10::cuda::CUDAGuard guard(x.device());
+  g.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const char* err = fp8sm90::grouped_gemm(g, at::cuda::getCurrentCUDAStream());
+  FP8_CHECK(err == nullptr, "grouped_gemm: ", err ? err : "");
 }
 
 }  // namespace
@@ -262,4 +358,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("input_scale"), pybind11::arg("weight_scale"),
         pybind11::arg("bias"), pybind11::arg("act_mode"), pybind11::arg("config"), pybind11::arg("fmt_max"),
         pybind11::arg("min_scale"), pybind11::arg("splits") = 1);
+  m.def("grouped_gemm_out", &grouped_gemm_out, "Grouped (mixture-of-experts) FP8 GEMM (sm_90a) into a preallocated output",
+        pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("scale_x"), pybind11::arg("scale_w"),
+        pybind11::arg("offsets"), pybind11::arg("bias"), pybind11::arg("out"), pybind11::arg("block_n"));
 }
