@@ -77,7 +77,10 @@ def make_problem(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16, ch
         if bias.device != a.device:
             raise ValueError(f"bias: expected device {a.device} (that of a), got {bias.device}")
         bias = bias.contiguous()
-    sa = scale_a.float().reshape(1) if ka == SCALE_TENSOR else scale_a.float().contiguous()
+    # 1x128 group scales keep their layout (the sm90 kernel reads them M-major, as the fused quantization
+    # writes them; the backends convert any other layout themselves)
+    sa = (scale_a.float().reshape(1) if ka == SCALE_TENSOR else scale_a.float() if ka == SCALE_GROUP
+          else scale_a.float().contiguous())
     sb = scale_b.float().reshape(1) if kb == SCALE_TENSOR else scale_b.float().contiguous()
     return GemmProblem(a.contiguous(), b.contiguous(), sa, sb, bias, out_dtype, ka, kb)
 

@@ -29,7 +29,7 @@ _SCHEMA = (
 
 def is_block_scaled(scale_a, scale_b, m: int, n: int, k: int) -> bool:
     """Whether ``(scale_a, scale_b)`` are fine-grained scales for an ``[m, k] x [n, k]`` problem: scale_a
-    2-D ``[m, ceil(k/128)]`` (fp32, row-major: one scale per token and 128 of K) with scale_b 2-D
+    2-D ``[m, ceil(k/128)]`` (fp32, any strides; one scale per token and 128 of K) with scale_b 2-D
     ``[ceil(n/128), ceil(k/128)]`` (one per 128 x 128 weight block). Where these shapes are also per-row /
     per-tensor ones (k <= 128 and n <= 128) the two readings are the same product and the per-row path
     runs (the binding's rule, ``csrc/binding.cpp`` is_block_scaled)."""
@@ -98,5 +98,8 @@ def sm90_gemm(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16, confi
     a ``[M, K]``, b ``[N, K]`` fp8 (e4m3 / e5m2), K-contiguous, K % 16 == 0; bias ``[N]`` or None; out
     ``[M, N]`` of ``out_dtype`` (bf16, fp16, fp32). Scales fp32, contiguous: scale_a ``[1]`` or ``[M, 1]``
     with scale_b ``[1]`` or ``[N, 1]``, or fine-grained: scale_a ``[M, ceil(K/128)]`` (1x128 groups) with
-    scale_b ``[ceil(N/128), ceil(K/128)]`` (128x128 blocks), applied in FP32 at every 128 of K."""
+    scale_b ``[ceil(N/128), ceil(K/128)]`` (128x128 blocks, contiguous), applied in FP32 at every 128 of K.
+    The kernel reads a fine-grained scale_a M-major (strides ``(1, ld)``, ``ld >= M`` a multiple of 4,
+    16-byte aligned: the layout the extension's fused 1x128 quantization writes); any other layout
+    (row-major, say) is copied into it first, one small extra kernel per call."""
     return torch.ops.fp8_linear.sm90_gemm(a, b, scale_a, scale_b, bias, out_dtype, config)

@@ -44,12 +44,16 @@ def make_scale(kind: str, rows: int, k: int, device: str = "cuda",
                generator: torch.Generator | None = None) -> torch.Tensor:
     """An fp32 scale for an operand of ``[rows, k]``: ``tensor`` ``[1]``, ``row`` ``[rows, 1]``,
     ``group`` ``[rows, ceil(k/128)]`` (1x128, for A), ``block`` ``[ceil(rows/128), ceil(k/128)]``
-    (128x128, for B); row-major contiguous; ``ValueError`` for an unknown kind."""
+    (128x128, for B); row-major contiguous, except ``group``: M-major (strides ``(1, round_up(rows, 4))``,
+    the layout the fused activation quantization writes and our kernel reads without a copy);
+    ``ValueError`` for an unknown kind."""
     kb = math.ceil(k / GROUP_SIZE)
-    shapes = {"tensor": (1,), "row": (rows, 1), "group": (rows, kb), "block": (math.ceil(rows / GROUP_SIZE), kb)}
+    shapes = {"tensor": (1,), "row": (rows, 1), "group": (kb, -(-rows // 4) * 4),
+              "block": (math.ceil(rows / GROUP_SIZE), kb)}
     if kind not in shapes:
         raise ValueError(f"unknown scale kind {kind!r}; expected one of {SCALE_KINDS}")
-    return torch.rand(shapes[kind], device=device, generator=generator) + 0.5
+    t = torch.rand(shapes[kind], device=device, generator=generator) + 0.5
+    return t[:, :rows].t() if kind == "group" else t
 
 
 def column_major(t: torch.Tensor) -> torch.Tensor:

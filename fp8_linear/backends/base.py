@@ -155,9 +155,13 @@ class LayerPlan:
 
 
 def expand_scale_a_to_groups(scale_a: torch.Tensor, m: int, k: int) -> torch.Tensor:
-    """A per-tensor ``[1]`` or per-token ``[M, 1]`` activation scale as 1x128 groups ``[M, ceil(K/128)]``
-    (contiguous): the same values, for GEMMs that pair group activations with block weights."""
-    return scale_a.reshape(-1, 1).expand(m, -(-k // GROUP_SIZE)).contiguous()
+    """A per-tensor ``[1]`` or per-token ``[M, 1]`` activation scale as 1x128 groups ``[M, ceil(K/128)]``:
+    the same values, for GEMMs that pair group activations with block weights. M-major (strides
+    ``(1, ld)``, ``ld = round_up(M, 4)``), the layout the sm90 kernel reads without a copy."""
+    kbn, ld = -(-k // GROUP_SIZE), -(-m // 4) * 4
+    buf = scale_a.new_empty((kbn, ld))
+    buf[:, :m] = scale_a.reshape(1, -1)
+    return buf[:, :m].t()
 
 
 class Backend:

@@ -136,12 +136,14 @@ __global__ void __launch_bounds__(kMaxThreads) quant_rows_kernel(const T* __rest
   }
 }
 
-// Dynamic 1x128 groups: one warp per group, scales [rows, ceil(K/128)].
+// Dynamic 1x128 groups: one warp per group, scales [rows, ceil(K/128)] M-major (element [row, g] at
+// g * ld + row: the layout the sm90 GEMM reads by TMA).
 template <typename T, int FMT>
 __global__ void __launch_bounds__(kGroupWarps * kWarp) quant_groups_kernel(const T* __restrict__ x,
                                                                            uint8_t* __restrict__ q,
-                                                                           float* __restrict__ s, int64_t K,
-                                                                           int64_t stride, float m, float min_scale) {
+                                                                           float* __restrict__ s, int64_t ld,
+                                                                           int64_t K, int64_t stride, float m,
+                                                                           float min_scale) {
   constexpr int kPerLane = kGroupSize / kWarp;
   const int64_t row = blockIdx.x;
   const int64_t groups = (K + kGroupSize - 1) / kGroupSize;
@@ -158,7 +160,7 @@ __global__ void __launch_bounds__(kGroupWarps * kWarp) quant_groups_kernel(const
       amax = fmaxf(amax, finite_abs(v[i]));
     }
     const float scale = fmaxf(__fdiv_rn(warp_max(amax), m), min_scale);
-    if (lane == 0) s[row * groups + g] = scale;
+    if (lane == 0) s[g * ld + row] = scale;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int64_t k = g * kGroupSize + i * kWarp + lane;
@@ -182,7 +184,7 @@ const char* launch_typed(const ActQuantArgs& a, cudaStream_t stream) {
     const int64_t groups = (a.K + kGroupSize - 1) / kGroupSize;
     const int64_t gy = (groups + kGroupWarps - 1) / kGroupWarps;
     const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(gy < 65535 ? gy : 65535));
-    quant_groups_kernel<T, FMT><<<grid, kGroupWarps * kWarp, 0, stream>>>(x, q, a.scale, a.K, a.row_stride,
+    quant_groups_kernel<T, FMT><<<grid, kGroupWarps * kWarp, 0, stream>>>(x, q, a.scale, a.scale_ld, a.K, a.row_stride,
                                                                          a.fmt_max, a.min_scale);
   } else {
     const bool vec = a.K % kVec == 0 && (reinterpret_cast<uintptr_t>(a.x) % 16) == 0 &&

@@ -60,6 +60,26 @@ int fmt_code(const at::Tensor& t, const char* name) {
 // 128 = the activation group width and the weight block height of fine-grained scales (fp8act::kGroupSize).
 constexpr int64_t kScaleBlock = fp8act::kGroupSize;
 
+// Leading dimension of M-major 1 x 128 group scales of `rows` rows: rows rounded up to 4 (16-byte
+// aligned columns, what the kernel's TMA reads).
+int64_t group_scale_ld(int64_t rows) { return (rows + 3) / 4 * 4; }
+
+// New 1 x 128 group scales [rows, ceil(K/128)] fp32, M-major: strides (1, group_scale_ld(rows)), the
+// layout act_quant writes and the sm90 GEMM reads without a copy.
+at::Tensor new_group_scales(int64_t rows, int64_t K, const at::TensorOptions& opts) {
+  const int64_t kbn = (K + fp8act::kGroupSize - 1) / fp8act::kGroupSize;
+  return at::empty({kbn, group_scale_ld(rows)}, opts.dtype(at::kFloat)).narrow(1, 0, rows).t();
+}
+
+// Whether `s` ([rows, kbn] fp32) is M-major as the kernel reads it: stride 1 along rows (any, for one
+// row), the k-block stride >= rows and a multiple of 4 (any, for one k-block), 16-byte aligned.
+bool is_m_major(const at::Tensor& s) {
+  const int64_t rows = s.size(0), kbn = s.size(1);
+  const bool rows_ok = rows <= 1 || s.stride(0) == 1;
+  const bool cols_ok = kbn <= 1 || (s.stride(1) >= rows && s.stride(1) % 4 == 0);
+  return rows_ok && cols_ok && reinterpret_cast<uintptr_t>(s.data_ptr()) % 16 == 0;
+}
+
 // Fine-grained scales: scale_a 2-D [M, ceil(K/128)] (1 x 128 groups) with scale_b 2-D [ceil(N/128),
 // ceil(K/128)] (128 x 128 blocks). Where these shapes coincide with per-tensor / per-row ones (K <= 128
 // and N <= 128: [M, 1] and [1, 1]) both readings mean the same product; the per-row path takes those.
@@ -148,26 +168,6 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
   g.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const char* err = fp8sm90::gemm(g, at::cuda::getCurrentCUDAStream());
   FP8_CHECK(err == nullptr, "sm90_gemm: ", err ? err : "");
-}
-
-// Leading dimension of M-major 1 x 128 group scales of `rows` rows: rows rounded up to 4 (16-byte
-// aligned columns, what the kernel's TMA reads).
-int64_t group_scale_ld(int64_t rows) { return (rows + 3) / 4 * 4; }
-
-// New 1 x 128 group scales [rows, ceil(K/128)] fp32, M-major: strides (1, group_scale_ld(rows)), the
-// layout act_quant writes and the sm90 GEMM reads without a copy.
-at::Tensor new_group_scales(int64_t rows, int64_t K, const at::TensorOptions& opts) {
-  const int64_t kbn = (K + fp8act::kGroupSize - 1) / fp8act::kGroupSize;
-  return at::empty({kbn, group_scale_ld(rows)}, opts.dtype(at::kFloat)).narrow(1, 0, rows).t();
-}
-
-// Whether `s` ([rows, kbn] fp32) is M-major as the kernel reads it: stride 1 along rows (any, for one
-// row), the k-block stride >= rows and a multiple of 4 (any, for one k-block), 16-byte aligned.
-bool is_m_major(const at::Tensor& s) {
-  const int64_t rows = s.size(0), kbn = s.size(1);
-  const bool rows_ok = rows <= 1 || s.stride(0) == 1;
-  const bool cols_ok = kbn <= 1 || (s.stride(1) >= rows && s.stride(1) % 4 == 0);
-  return rows_ok && cols_ok && reinterpret_cast<uintptr_t>(s.data_ptr()) % 16 == 0;
 }
 
 int act_kind(const at::Tensor& x, const char* name) {

@@ -96,6 +96,26 @@ const char* make_map(CUtensorMap* map, const void* ptr, int rows, int K, int box
   return msg;
 }
 
+// Map over the M-major 1 x 128 activation scales (fp32, element [m, kb] at kb * ld + m): box = `box_rows`
+// consecutive m of one k-block (a tile's activation rows), no swizzle, rows past M read as zero.
+const char* make_scale_map(CUtensorMap* map, const float* ptr, int M, int kbn, long ld, int box_rows) {
+  auto fn = encode_fn();
+  if (fn == nullptr) return "cuTensorMapEncodeTiled not found through cudaGetDriverEntryPointByVersion";
+  cuuint64_t dims[2] = {static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(kbn)};
+  cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 4};  // bytes, dim 1
+  cuuint32_t box[2] = {static_cast<cuuint32_t>(box_rows), 1};
+  cuuint32_t estr[2] = {1, 1};
+  if (reinterpret_cast<uintptr_t>(map) % 64 != 0) return "tensor map storage is not 64-byte aligned";
+  CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(ptr), dims, strides, box, estr,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r == CUDA_SUCCESS) return nullptr;
+  thread_local char msg[256];
+  snprintf(msg, sizeof(msg), "cuTensorMapEncodeTiled failed (CUresult %d) for scale_a: ptr %p M %d kb %d ld %ld box %d",
+           static_cast<int>(r), static_cast<const void*>(ptr), M, kbn, ld, box_rows);
+  return msg;
+}
+
 // Output map for the TMA-store epilogue over [M, N] row-major of `out_kind`, box `box_cols` x `box_rows`
 // (64 rows; the swapped configs' transposed tiles: BN rows):
 // the staged blocks use box_cols = one 128-byte swizzle row (32 fp32 / 64 16-bit elements) with the
@@ -174,7 +194,11 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
     const long kbn = (g.K + kBK - 1) / kBK;
     if (static_cast<long>(g.M) * kbn >= (1L << 31) || static_cast<long>((g.N + kBK - 1) / kBK) * kbn >= (1L << 31))
       return "block scales: M x ceil(K/128) and ceil(N/128) x ceil(K/128) must be below 2^31";
-    la.ep.blk_sa = g.scale_a;
+    if (g.scale_a_ld < g.M || g.scale_a_ld % 4 != 0 || reinterpret_cast<uintptr_t>(g.scale_a) % 16 != 0)
+      return "block scales: scale_a must be M-major with a leading dimension >= M, a multiple of 4, 16-byte aligned";
+    if (const char* e = make_scale_map(&la.ep.tma_sa, g.scale_a, g.M, static_cast<int>(kbn), g.scale_a_ld,
+                                       swap ? bn : kBM))
+      return e;
     la.ep.blk_sb = g.scale_b;
     la.ep.blk_kb = static_cast<int>(kbn);
     const float* one = nullptr;

@@ -24,6 +24,7 @@ struct ActQuantArgs {
   void* q;             // [rows, K] fp8, contiguous
   int fmt;             // 0 = e4m3 (float8_e4m3fn), 1 = e5m2
   float* scale;        // kStatic: the given [1] (read); kToken: [rows] (written); kGroup: [rows, ceil(K/128)] (written)
+  int64_t scale_ld;    // kGroup: M-major, element [row, g] at g * scale_ld + row (scale_ld >= rows)
   int mode;            // Mode
   float fmt_max;       // largest finite value of the format (torch.finfo(...).max)
   float min_scale;     // floor of dynamic scales (fp8_linear.formats.MIN_SCALE)

@@ -17,11 +17,13 @@ struct GemmArgs {
   int scale_a_row;  // 0: [1], 1: [M, 1]
   const float* scale_b;
   int scale_b_row;  // 0: [1], 1: [N, 1]
-  // 1: fine-grained scales, scale_a [M, ceil(K/128)] (1 x 128 activation groups) and scale_b
-  // [ceil(N/128), ceil(K/128)] (128 x 128 weight blocks), fp32 row-major, applied at each k-block's
-  // promotion (sm90_blockscale.cuh); scale_a_row / scale_b_row are then ignored. Only configs with BLK
-  // kernel instances (kernels/configs.py block_scales).
+  // 1: fine-grained scales, scale_a [M, ceil(K/128)] (1 x 128 activation groups) M-major (element
+  // [m, kb] at kb * scale_a_ld + m; scale_a_ld >= M, a multiple of 4, the pointer 16-byte aligned: TMA
+  // reads it) and scale_b [ceil(N/128), ceil(K/128)] (128 x 128 weight blocks) row-major, fp32, applied
+  // at each k-block's promotion (sm90_blockscale.cuh); scale_a_row / scale_b_row are then ignored. Only
+  // configs with BLK kernel instances (kernels/configs.py block_scales).
   int scale_block;
+  long scale_a_ld;
   const void* bias;  // nullptr or [N]
   int bias_kind;     // 0 none, 1 fp32, 2 bf16, 3 fp16
   void* out;         // [M, N], row-major

@@ -1,26 +1,27 @@
 // Fine-grained scales (the BLK kernel instances): the activation in 1 x 128 groups, scale_a [M, ceil(K/128)],
-// and the weight in 128 x 128 blocks, scale_b [ceil(N/128), ceil(K/128)], both fp32 row-major. They are
-// applied on the CUDA cores when a k-block's tensor-core partial sum is promoted (DeepGEMM's scheme):
+// and the weight in 128 x 128 blocks, scale_b [ceil(N/128), ceil(K/128)], both fp32. They are applied on the
+// CUDA cores when a k-block's tensor-core partial sum is promoted (DeepGEMM's scheme):
 //   fin += partial(kb) * (scale_a[m, kb] * scale_b[n / 128, kb])
 // so the epilogue sees per-tensor scales of 1 (the host points EpiParams::sa / sb at a 1.0f) and adds
 // only the bias.
 //
-// The factors travel with the operands: every stage has a slot (SmemLayout::scales, kScaleSlotFloats)
-// that one producer warp (scale_loader) fills with cp.async while the producer thread's TMA fills the
-// stage's tiles; the stage's full barrier completes when both have landed (its 32 lanes are 32 of the
-// barrier's expected arrivals). The consumers read their factors from the slot before they release the
-// stage. (Read straight from global memory one k-block ahead instead, the factors' latency under the
-// operands' traffic cost 15-60%: docs/kernel-log.md "Block scales".)
+// The activation factors travel with the operands: scale_a is M-major (element [m, kb] at kb * ld + m,
+// ld % 4 == 0), so one k-block's factors of a tile are one contiguous box, which the producer thread
+// loads by TMA (EpiParams::tma_sa) into the stage's slot (SmemLayout::scales) together with the stage's
+// A and B tiles, completing on the same full barrier (DeepGEMM's layout and order). Rows past M read
+// as zero: their partial sums are zero too (TMA zero-fills the operand) and their outputs are never
+// stored. The weight factors (one or two per k-block and tile, the same for a whole warp) are read from
+// global memory (L1-resident rows of scale_b) when the stage is full, one k-block before they are used.
+// (Before: a loader warp copied row-major scale_a with 4-byte cp.async per row, 33 arrivals per stage:
+// 20% slower than per-tensor at 4096^3, docs/kernel-log.md "Block scales".)
 //
-// Slot layout: [0, 128) activation scales, [128] the weight block's scale, [129] the next block's.
+// Slot layout: 128 activation scales.
 //  - not swapped (kernel rows = activation rows m, tile columns = weight rows n): scale_a of the tile's
 //    128 rows; the weight block of the tile's first column, and the next one: a tile wider than 128
 //    or not starting on a block (BN = 192) crosses into it at column `cut` (a multiple of 16), so each
 //    8-column fragment takes one of the two.
 //  - swapped (kernel rows = weight rows n: one weight block per 128-row tile; tile columns = m): scale_a
 //    of the tile's BN columns, and the weight block's scale.
-// Rows or columns past M read row M - 1's scales: their partial sums are zero (TMA zero-fills the
-// operand) and their outputs are never stored.
 #pragma once
 #include <cstdint>
 
@@ -33,10 +34,12 @@ namespace fp8sm90 {
 // factor pair per k-block).
 constexpr int kScaleBlock = 128;
 static_assert(kScaleBlock == kBK, "one scale per k-block");
-constexpr int kSlotW0 = kBM, kSlotW1 = kBM + 1;  // the weight scales' places in a slot
-// Arrivals on a BLK stage's full barrier: the producer thread's arrive.expect_tx and the loader warp's lanes.
-constexpr int kLoaderLanes = 32;
-constexpr int kBlkFullArrivals = 1 + kLoaderLanes;
+// Bytes of one k-block's activation factors that the producer's TMA brings into a slot: the tile's
+// activation rows (128, or BN when swapped).
+template <int BN, bool SWAP>
+constexpr uint32_t scale_box_bytes() {
+  return (SWAP ? BN : kBM) * 4;
+}
 
 // One k-block's factors of one consumer thread.
 template <int BN, bool SWAP>
@@ -46,30 +49,41 @@ struct BlkFactors {
   float w0, w1;  // the weight block's scale (w1: the next block's, for tiles that cross one)
 };
 
-// Where one consumer thread's factors sit in a stage's slot, for one tile.
+// Where one consumer thread's factors sit: its activation scales in a stage's slot, its tile's weight
+// block rows of scale_b in global memory.
 template <int BN, bool SWAP>
 struct BlkTile {
   static constexpr bool kTwoBlocks = !SWAP && BN % kScaleBlock != 0;
   const float* slots;  // the S slots (SmemLayout::scales)
+  const float* w0;     // scale_b row of the tile's (first) weight block, from the tile's first k-block
+  const float* w1;     // the next block's row (kTwoBlocks; clamped to the last block)
   int pos;             // not swapped: the thread's first row in the 128-row tile; swapped: its first column
   int cut;             // tile column where the second weight block starts (kTwoBlocks)
 
-  __device__ __forceinline__ BlkTile(const float* slot_base, int tile_row_local, int col_base, int lane)
+  // mb / nb: the tile's row / column block; kb0: its first k-block (split K).
+  __device__ __forceinline__ BlkTile(const float* slot_base, const EpiParams& ep, int mb, int nb, int kb0,
+                                     int tile_row_local, int lane)
       : slots(slot_base) {
+    const int kbn = ep.blk_kb;
     if constexpr (!SWAP) {
+      const int col_base = nb * BN;
+      const int wb = col_base / kScaleBlock;
       pos = tile_row_local;
-      cut = (col_base / kScaleBlock + 1) * kScaleBlock - col_base;
+      cut = (wb + 1) * kScaleBlock - col_base;
+      w0 = ep.blk_sb + wb * kbn + kb0;
+      w1 = ep.blk_sb + min(wb + 1, (ep.N - 1) / kScaleBlock) * kbn + kb0;
     } else {
       pos = 2 * (lane % 4);
       cut = BN;
+      w0 = w1 = ep.blk_sb + mb * kbn + kb0;
     }
   }
 
-  // The factors of the k-block in stage `stage` (its full barrier has completed).
-  __device__ __forceinline__ void load(BlkFactors<BN, SWAP>& f, int stage) const {
+  // The factors of the tile's i-th k-block, in stage `stage` (its full barrier has completed).
+  __device__ __forceinline__ void load(BlkFactors<BN, SWAP>& f, int stage, int i) const {
     const float* slot = slots + stage * kScaleSlotFloats;
-    f.w0 = slot[kSlotW0];
-    f.w1 = kTwoBlocks ? slot[kSlotW1] : f.w0;
+    f.w0 = __ldg(w0 + i);
+    f.w1 = kTwoBlocks ? __ldg(w1 + i) : f.w0;
     if constexpr (!SWAP) {
       f.a[0] = slot[pos];
       f.a[1] = slot[pos + 8];
@@ -84,46 +98,12 @@ struct BlkTile {
   }
 };
 
-// The loader warp (producer warpgroup, warp 1): for every work item and k-block of this CTA, in the
-// producer thread's order, wait until the stage is empty, then cp.async the k-block's factors into the
-// stage's slot and arrive (no-increment) on its full barrier when they have landed.
-template <int BN, bool SWAP, int S, bool SPLIT>
-__device__ __forceinline__ void scale_loader(float* slots, uint64_t* full, uint64_t* empty, int first_tile,
-                                             int num_tiles, int tile_step, int num_m, int num_kb, const EpiParams& ep,
-                                             int lane) {
-  constexpr int kRows = SWAP ? BN : kBM;  // activation scales per slot
-  constexpr int kPer = (kRows + kLoaderLanes - 1) / kLoaderLanes;
-  const int kbn = ep.blk_kb;
-  int stage = 0;
-  uint32_t phase = 0;
-  for (int t = first_tile; t < num_tiles; t += tile_step) {
-    int tile, split, kb0, nkb, mb, nb;
-    split_tile<SPLIT>(t, ep, num_kb, tile, split, kb0, nkb);
-    tile_coords(tile, num_m, ep, mb, nb);
-    // this lane's sources: activation rows (or columns) lane + 32 i, and lane 0 / 1: the weight blocks
-    const int act0 = SWAP ? nb * BN : mb * kBM;
-    int a_off[kPer];
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) a_off[i] = min(act0 + lane + kLoaderLanes * i, ep.M - 1) * kbn;
-    const int wb = SWAP ? mb : nb * BN / kScaleBlock;
-    const int w_off = (lane == 0 ? wb : min(wb + 1, (ep.N - 1) / kScaleBlock)) * kbn;
-    for (int kb = kb0; kb < kb0 + nkb; ++kb) {
-      mbar_wait(&empty[stage], phase ^ 1);
-      float* slot = slots + stage * kScaleSlotFloats;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const int r = lane + kLoaderLanes * i;
-        if (r < kRows) cp_async_4(slot + r, ep.blk_sa + a_off[i] + kb);
-      }
-      if (lane < 2) cp_async_4(slot + kSlotW0 + lane, ep.blk_sb + w_off + kb);
-      cp_async_mbar_arrive_noinc(&full[stage]);
-      if (++stage == S) {
-        stage = 0;
-        phase ^= 1;
-      }
-    }
-  }
-  cp_async_wait_all();
+// The producer thread's loads of one BLK stage (with its A and B tiles, on the same full barrier): the
+// k-block's activation factors of the tile (act0: its first activation row, mb * 128, or nb * BN
+// when swapped).
+template <int BN, bool SWAP>
+__device__ __forceinline__ void load_scale_slot(float* slot, const EpiParams& ep, uint64_t* full, int kb, int act0) {
+  tma_load_2d(slot, &ep.tma_sa, full, act0, kb);
 }
 
 // The k-block's partial sum of accumulator value v over its NACC accumulators (as promote).

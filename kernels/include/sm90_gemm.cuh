@@ -3,8 +3,8 @@
 //   out[m, n] = sum_k A[m, k] * B[n, k] * scale_a[m | 0] * scale_b[n | 0] + bias[n]
 //   (BLK: sum over k-blocks kb of the k-block's partial sum * scale_a[m, kb] * scale_b[n / 128, kb] + bias[n])
 //
-// CTA = 3 warpgroups: WG0 producer (one thread issues TMA; with block scales a second warp copies the
-// k-blocks' factors), WG1/WG2 consumers, each owning 64 rows of the 128 x BN tile. BLOCK_K = 128 = one
+// CTA = 3 warpgroups: WG0 producer (one thread issues TMA: the operands' tiles and, with block scales,
+// the k-blocks' activation factors), WG1/WG2 consumers, each owning 64 rows of the 128 x BN tile. BLOCK_K = 128 = one
 // 128-byte swizzle row of fp8. K-blocks flow through a ring of STAGES shared-memory stages guarded by
 // full/empty mbarriers. Each k-block is 4 wgmma k32 steps into a fresh accumulator (NACC of them: the
 // decode tiles promote every 32 of K) which is then added into FP32 registers (promotion every 128 of K).
@@ -62,20 +62,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int first_tile = blockIdx.x;
   const int tile_step = gridDim.x;
 
-  if (threadIdx.x == 0) init_stage_barriers<S, BLK ? kBlkFullArrivals : 1>(&tma_a, &tma_b, full, empty);
+  if (threadIdx.x == 0) {
+    init_stage_barriers<S>(&tma_a, &tma_b, full, empty);
+    if constexpr (BLK) tma_prefetch_desc(&ep.tma_sa);
+  }
   __syncthreads();
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<RegSplit<BN, DBL>::kProducer>();
     if (threadIdx.x == 0) {
-      producer_loop<BN, S, C::kStageA, C::kStageB, C::kStage, SPLIT>(&tma_a, &tma_b, sA, sB, full, empty, first_tile,
-                                                              num_tiles, tile_step, num_m, num_kb, ep);
-    }
-    if constexpr (BLK) {
-      if (threadIdx.x / 32 == 1)  // the scale loader warp (sm90_blockscale.cuh)
-        scale_loader<BN, SWAP, S, SPLIT>(L.scales, full, empty, first_tile, num_tiles, tile_step, num_m, num_kb, ep,
-                                         threadIdx.x % 32);
+      producer_loop<BN, S, C::kStageA, C::kStageB, C::kStage, SPLIT, SWAP, BLK>(
+          &tma_a, &tma_b, sA, sB, full, empty, first_tile, num_tiles, tile_step, num_m, num_kb, ep, L.scales);
     }
   } else {
     // ------------------------------------------------------------ consumers
@@ -105,7 +103,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // the k-blocks' promotion: plain, or with the fine-grained scales of this tile (BLK)
       using Pro = std::conditional_t<BLK, BlkPromote<BN, SWAP, NACC>, PlainPromote<BN, NACC>>;
       const Pro pro = [&]() {
-        if constexpr (BLK) return Pro{BlkTile<BN, SWAP>(L.scales, cw * 64 + lr0, col_base, lane)};
+        if constexpr (BLK) return Pro{BlkTile<BN, SWAP>(L.scales, ep, mb, nb, kb0, cw * 64 + lr0, lane)};
         else return Pro{};
       }();
       if constexpr (DBL) {
@@ -119,7 +117,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         typename Pro::Factors f;  // the k-block's factors (BLK), read from its stage before its MMAs
         for (int kb = 0; kb < nkb; ++kb) {
           mbar_wait(&full[stage], phase);
-          pro.load(f, stage);
+          pro.load(f, stage, kb);
           issue_kblock<BN, NACC, FA, FB>(acc, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
           wgmma_wait<0>();
           pro.before_release();

@@ -54,13 +54,14 @@ __device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC]
 
 // How the consumer loops promote a k-block: PlainPromote adds the partial sums as they are (the
 // launch's per-tensor / per-row scales are applied in the epilogue); BlkPromote scales them by the
-// k-block's fine-grained factors (sm90_blockscale.cuh), which `load` reads from the stage's scale slot
-// as soon as the stage is full, before its wgmmas are issued (DeepGEMM's order: read after the wgmmas,
-// the loads queue behind their shared-memory traffic).
+// k-block's fine-grained factors (sm90_blockscale.cuh), which `load(f, stage, i)` (i: the tile's
+// k-block index) reads from the stage's scale slot and the weight's scale rows as soon as the stage is
+// full, before its wgmmas are issued (read after the wgmmas, the loads queue behind their
+// shared-memory traffic).
 template <int BN, int NACC>
 struct PlainPromote {
   struct Factors {};
-  __device__ __forceinline__ void load(Factors&, int) const {}
+  __device__ __forceinline__ void load(Factors&, int, int) const {}
   __device__ __forceinline__ void before_release() const {}
   __device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC][BN / 2], const Factors&) const {
     fp8sm90::promote<BN, NACC>(fin, acc);
@@ -71,7 +72,7 @@ template <int BN, bool SWAP, int NACC>
 struct BlkPromote {
   using Factors = BlkFactors<BN, SWAP>;
   BlkTile<BN, SWAP> tile;
-  __device__ __forceinline__ void load(Factors& f, int stage) const { tile.load(f, stage); }
+  __device__ __forceinline__ void load(Factors& f, int stage, int i) const { tile.load(f, stage, i); }
   // every lane's reads of the slot are ordered before lane 0 releases the stage
   __device__ __forceinline__ void before_release() const { __syncwarp(); }
   __device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC][BN / 2], const Factors& f) const {
@@ -101,7 +102,7 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
     }
   };
   mbar_wait(&full[stage], phase);
-  pro.load(f0, stage);
+  pro.load(f0, stage, 0);
   issue_kblock<BN, 1, FA, FB>(a0, sA + stage * kStageA, sB + stage * kStageB);
   after_first();  // work of the tile start that can run while the first k-block's MMAs do
   int prev = stage;
@@ -115,7 +116,7 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
       break;
     }
     mbar_wait(&full[stage], phase);
-    pro.load(f1, stage);
+    pro.load(f1, stage, kb);
     issue_kblock<BN, 1, FA, FB>(a1, sA + stage * kStageA, sB + stage * kStageB);
     wgmma_wait<1>();
     pro.before_release();
@@ -131,7 +132,7 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
       break;
     }
     mbar_wait(&full[stage], phase);
-    pro.load(f0, stage);
+    pro.load(f0, stage, kb);
     issue_kblock<BN, 1, FA, FB>(a0, sA + stage * kStageA, sB + stage * kStageB);
     wgmma_wait<1>();
     pro.before_release();
@@ -146,7 +147,7 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
 //   full[s]:  1 arrival (the producer's arrive.expect_tx) + the stage's TMA bytes; consumers wait on it.
 //   empty[s]: one arrival per consumer warp (2 warpgroups x 4 warps); the producer waits on it
 //             before refilling the stage.
-//   (BLK: full[s] also expects the scale loader's kLoaderLanes arrivals: kFull = kBlkFullArrivals.)
+//   (BLK: the stage's activation factors come with the same expect_tx, sm90_blockscale.cuh.)
 template <int S, int kFull = 1>
 __device__ __forceinline__ void init_stage_barriers(const CUtensorMap* tma_a, const CUtensorMap* tma_b,
                                                     uint64_t* full, uint64_t* empty) {
@@ -162,12 +163,14 @@ __device__ __forceinline__ void init_stage_barriers(const CUtensorMap* tma_a, co
 }
 
 // The producer thread: for every tile of this CTA, every k-block: wait until the stage is empty, then
-// load A (128 rows) and B (BN rows) into it, completing on full[].
-template <int BN, int S, int kStageA, int kStageB, int kStage, bool SPLIT = false>
+// load A (128 rows) and B (BN rows) into it, completing on full[] (BLK: and the k-block's activation
+// factors into the stage's slot of `slots`).
+template <int BN, int S, int kStageA, int kStageB, int kStage, bool SPLIT = false, bool SWAP = false, bool BLK = false>
 __device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CUtensorMap* tma_b, uint8_t* sA,
                                               uint8_t* sB, uint64_t* full, uint64_t* empty, int first_tile,
                                               int num_tiles, int tile_step, int num_m, int num_kb,
-                                              const EpiParams& ep) {
+                                              const EpiParams& ep, float* slots = nullptr) {
+  constexpr uint32_t kBytes = kStage + (BLK ? scale_box_bytes<BN, SWAP>() : 0);
   int stage = 0;
   uint32_t phase = 0;
   for (int t = first_tile; t < num_tiles; t += tile_step) {
@@ -176,9 +179,11 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CU
     tile_coords(tile, num_m, ep, mb, nb);
     for (int kb = kb0; kb < kb0 + nkb; ++kb) {
       mbar_wait(&empty[stage], phase ^ 1);
-      mbar_arrive_expect_tx(&full[stage], kStage);  // OOB parts are zero-filled and still counted
+      mbar_arrive_expect_tx(&full[stage], kBytes);  // OOB parts are zero-filled and still counted
       tma_load_2d(sA + stage * kStageA, tma_a, &full[stage], kb * kBK, mb * kBM);
       tma_load_2d(sB + stage * kStageB, tma_b, &full[stage], kb * kBK, nb * BN);
+      if constexpr (BLK) load_scale_slot<BN, SWAP>(slots + stage * kScaleSlotFloats, ep, &full[stage], kb,
+                                                   SWAP ? nb * BN : mb * kBM);
       if (++stage == S) {
         stage = 0;
         phase ^= 1;

@@ -42,9 +42,11 @@ struct EpiParams {
   // and splits.
   FastDiv div_per_group, div_group, div_last, div_splits;
   // Fine-grained scales (the BLK kernel instances, sm90_blockscale.cuh): scale_a [M, blk_kb] (1 x 128
-  // activation groups) and scale_b [ceil(N / 128), blk_kb] (128 x 128 weight blocks), fp32 row-major,
-  // applied at each k-block's promotion; sa / sb then point at a 1.0f. Unused (null) otherwise.
-  const float* blk_sa;
+  // activation groups) M-major, read by TMA through tma_sa (box: a tile's 128 rows, or its BN columns
+  // when swapped, of one k-block; rows past M read as zero); scale_b [ceil(N / 128), blk_kb] (128 x 128
+  // weight blocks) row-major, read from global memory. Applied at each k-block's promotion; sa / sb
+  // then point at a 1.0f. Unused otherwise.
+  CUtensorMap tma_sa;
   const float* blk_sb;
   int blk_kb;  // ceil(K / 128): the scales' row length
 };
@@ -78,10 +80,10 @@ constexpr bool swap_tma_store() {
 // memory), which keeps the 1 KB that a run-time round-up would need (the 128-wide configs: a 6th stage).
 extern __shared__ __align__(1024) uint8_t g_smem[];
 
-// Fine-grained scales (BLK): per stage, a slot of the k-block's factors next to its A and B tiles
-// (sm90_blockscale.cuh): 128 activation scales (the tile's kernel rows, or its BN <= 128 columns when
-// swapped) and the weight block's (and the next block's) scale, padded to 16 bytes.
-constexpr int kScaleSlotFloats = kBM + 8;
+// Fine-grained scales (BLK): per stage, a slot of the k-block's activation scales next to its A and B
+// tiles (sm90_blockscale.cuh), filled by the producer's TMA: the tile's 128 kernel rows, or its BN <= 128
+// columns when swapped (one box of the M-major scale_a).
+constexpr int kScaleSlotFloats = kBM;
 
 template <int BN, bool SWAP, bool BLK = false>
 struct TileCfg {
@@ -99,6 +101,8 @@ struct TileCfg {
   static constexpr int kStages = kStagesFit > 8 ? 8 : kStagesFit;
   static constexpr int kSmem = kStages * (kStage + kScaleSlot) + kCTile + kVec + kBarBytes;
   static_assert(kStages >= 4, "too few stages");
+  static_assert((kStages * kStage + kCTile + kVec + kBarBytes) % 128 == 0 && kScaleSlot % 128 == 0,
+                "the scale slots are TMA destinations: 128-byte aligned");
   static_assert(kStageB % 1024 == 0, "B stage must keep 1024-byte alignment");
   static_assert(kSmem <= kSmemLimit, "shared memory");
   static_assert(SWAP || staged_cols<BN>() >= 64, "the fp32 epilogue stages 64-column passes");

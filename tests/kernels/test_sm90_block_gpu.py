@@ -23,7 +23,9 @@ from helpers import KERNEL_FLOOR, calc_diff, expand64  # noqa: E402
 from kernel_checks import check  # noqa: E402
 
 import fp8_linear.kernels as kern  # noqa: E402
+from fp8_linear.formats import MIN_SCALE  # noqa: E402
 from fp8_linear.kernels import configs  # noqa: E402
+from fp8_linear.kernels import jit as kern_jit  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -51,10 +53,19 @@ def _scales(rows, cols):
     return torch.exp2(torch.rand(rows, cols, device=DEV) * 4 - 2)
 
 
+def m_major(t, pad=4):
+    """``t`` ``[rows, cols]`` stored M-major, strides ``(1, ld)`` with ``ld = round_up(rows, pad)``: the
+    layout the fused activation quantization writes and the kernel reads without a copy (pad=4)."""
+    rows, cols = t.shape
+    buf = torch.full((cols, -(-rows // pad) * pad), float("nan"), device=t.device)
+    buf[:, :rows] = t.t()
+    return buf[:, :rows].t()
+
+
 def make_inputs(m, n, k, fa=E4, fb=E4, bias_dtype=None):
     a, b = _fp8(m, k, fa), _fp8(n, k, fb)
     kbn, nbn = -(-k // 128), -(-n // 128)
-    sa, sb = _scales(m, kbn), _scales(nbn, kbn)
+    sa, sb = m_major(_scales(m, kbn)), _scales(nbn, kbn)
     bias = None if bias_dtype is None else (torch.randn(n, device=DEV) * 4).to(bias_dtype)
     return a, b, sa, sb, bias
 
@@ -192,7 +203,34 @@ def test_bad_block_scale_shapes_raise():
     with pytest.raises(RuntimeError, match="needs a 128x128 scale_b"):
         kern.sm90_gemm_out(a, b, sa, sb[:1].contiguous(), None, out)
     with pytest.raises(RuntimeError, match="contiguous"):
-        kern.sm90_gemm_out(a, b, sa.t().contiguous().t(), sb, None, out)
+        kern.sm90_gemm_out(a, b, sa, sb.t().contiguous().t(), None, out)
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 300, 1040), (7, 4104, 1040), (129, 200, 16400), (64, 4096, 4096)])
+def test_scale_a_layouts_bitwise_equal(m, n, k):
+    """scale_a M-major with ld = round_up(M, 4) (read as it is), row-major, M-major with ld = M (odd M: not
+    16-byte aligned columns) or ld padded to 8: the non-M-major ones are copied into the M-major layout
+    first, so every layout gives the same bits; the padding (NaN here) is never read."""
+    a, b, sa, sb, bias = make_inputs(m, n, k, E4, E4, torch.bfloat16)
+    first = run_poisoned(a, b, sa, sb, bias, torch.bfloat16)
+    check(first, reference(a, b, sa, sb, bias), torch.bfloat16, f"M-major M={m}")
+    dense = sa.contiguous()
+    for name, lay in (("row-major", dense), ("ld=M", m_major(dense, pad=1)), ("ld=8k", m_major(dense, pad=8))):
+        assert torch.equal(first, run_poisoned(a, b, lay, sb, bias, torch.bfloat16)), name
+
+
+def test_fused_group_quant_writes_m_major_scales():
+    """The extension's 1x128 activation quantization returns scale_a M-major (strides (1, round_up(M, 4))),
+    with the values of the CPU formula."""
+    from fp8_linear.quantize import dynamic_quantize
+
+    ext = kern_jit.load()
+    for m, k in ((1, 1040), (7, 256), (130, 4104)):
+        x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16) * 3
+        q, s = ext.act_quant(x, 0, 2, None, torch.finfo(E4).max, MIN_SCALE)
+        assert s.shape == (m, -(-k // 128)) and s.stride(0) == 1 and s.stride(1) == -(-m // 4) * 4
+        q_ref, s_ref = dynamic_quantize(x.cpu(), E4, "group")
+        assert torch.equal(s.cpu(), s_ref) and torch.equal(q.cpu().view(torch.uint8), q_ref.view(torch.uint8))
 
 
 @pytest.mark.parametrize("cfg", [c.id for c in configs.CONFIGS if not c.block_scales])
