@@ -358,7 +358,8 @@ def table(log: str) -> str:
     pairs = [(c, t) for c, t in (("C default", "T default"), ("C H 16k tokens", "T H 16k tokens"),
                                  ("C 128 windows, H 64k", "T 128 windows, H 64k"),
                                  ("C 128 windows, H 64k, no align", "T 128 windows, H 64k"),
-                                 ("C RTN (no GPTQ)", "T RTN (no GPTQ)")) if c in by and t in by]
+                                 ("C RTN (no GPTQ)", "T RTN (no GPTQ)"), ("C GPTQ, no align", "T default"),
+                                 ("C RTN + align", "T RTN (no GPTQ)")) if c in by and t in by]
     if pairs:
         lines += ["", "| fp8-channel minus fp8-tensor (ppl points, paired SE) | " + " | ".join(TEXTS) + " |",
                   "|---|" + "---|" * len(TEXTS)]

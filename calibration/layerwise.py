@@ -15,11 +15,13 @@ pipeline does it:
 The activations carried between layers are those of the *unquantized* layers (outputs are kept before
 ``on_layer`` runs), so the observers and ``H`` are exactly those of the all-at-once path: on one device
 the two give the same scales (tests/calibration/test_layerwise.py). Hidden states live on ``device``, or on
-the CPU with ``offload_activations`` (about ``2 x tokens x hidden x 2`` bytes in bf16).
+the CPU with ``offload_activations`` (``tokens x hidden x 2`` bytes in bf16: each batch's output replaces
+its input).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -145,11 +147,13 @@ def calibrate_layerwise(
         hessian / hessian_tokens: accumulate GPTQ's ``H`` per distinct layer input, on ``device``.
         offload_activations: keep the hidden states between layers on the CPU instead of ``device``.
         on_layer: ``on_layer(i, layer_targets)``, called while layer ``i`` is on ``device`` after its
-            statistics are complete and its outputs are kept (quantize it here).
+            statistics are complete and its outputs are kept (quantize it here). Targets it swaps out of
+            the layer are moved back with it (they would otherwise keep their weights on ``device``).
         progress: a tqdm bar over the layers (peak accelerator memory in its postfix).
 
     Returns:
-        ``{"layers": n, "peak_gpu_bytes": int | None}``.
+        ``{"layers": n, "peak_gpu_bytes": int | None, "layer_seconds": [float] * n}`` (wall time of each
+        layer; the first includes capturing the first layer's inputs).
     """
     from tqdm.auto import tqdm
 
@@ -163,6 +167,8 @@ def calibrate_layerwise(
     base.eval()
     masks = [None if bool(b.attention_mask.bool().all()) else b.attention_mask.reshape(-1).bool().to(device) for b in batches]
     bar = tqdm(total=len(layers), desc="calibrating layers", unit="layer", disable=not progress)
+    seconds: list[float] = []  # wall time of each layer (the first includes the capture)
+    t0 = time.perf_counter()
     # Only the forwards run under inference_mode. Moves and ``on_layer`` (which builds the FP8Linear
     # layers) run outside it, under no_grad: a parameter made under inference_mode has no version
     # counter, and once a later move outside it writes a new tensor into it (``param.data = ...``,
@@ -182,21 +188,27 @@ def calibrate_layerwise(
                 hooks = ObserverHooks(observers, hessian, hessian_tokens).attach(per_layer[i])
                 try:
                     with torch.inference_mode():
-                        states = [_run_layer(layer, hidden, kw, mask, hooks, device, store)
-                                  for (hidden, kw), mask in zip(states, masks)]
+                        for j, ((hidden, kw), mask) in enumerate(zip(states, masks)):
+                            # each batch's input is replaced by its output: one set of hidden states alive
+                            states[j] = _run_layer(layer, hidden, kw, mask, hooks, device, store)
                 finally:
                     hooks.remove()
                 if on_layer is not None and per_layer[i]:
                     on_layer(i, per_layer[i])
                 layer.to(home)
+                for mod in per_layer[i].values():  # targets on_layer swapped out of the layer go home too
+                    mod.to(home)
                 if device.type == "cuda":
+                    torch.cuda.synchronize(device)
                     bar.set_postfix(peak_gib=f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f}")
+                seconds.append(round(time.perf_counter() - t0, 3))
+                t0 = time.perf_counter()
                 bar.update(1)
     finally:
         bar.close()
         base.train(was_training)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return {"layers": len(layers), "peak_gpu_bytes": peak}
+    return {"layers": len(layers), "peak_gpu_bytes": peak, "layer_seconds": seconds}
 
 
 def _run_layer(layer: nn.Module, hidden: torch.Tensor, kw: dict, mask, hooks: ObserverHooks, device, store):

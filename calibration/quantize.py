@@ -31,7 +31,9 @@ from .hooks import ObserverHooks
 from .observers import ActivationObserver, weight_scale
 from . import scale_align
 
-DEFAULT_IGNORE = ("lm_head",)
+#: Kept in high precision by default: the output head and the MoE shared-expert gates (Qwen2-MoE, Qwen3-Next:
+#: an [1, hidden] gate of the shared expert, a router, as llm-compressor's MoE recipes leave them).
+DEFAULT_IGNORE = ("lm_head", "re:.*shared_expert_gate$")
 #: GPTQ needs H = sum x x^T from at least this many calibration tokens per input feature; layers with
 #: fewer (e.g. a 1536-wide input seen by 500 tokens) are rounded to nearest instead.
 GPTQ_MIN_TOKENS_PER_FEATURE = 2
@@ -353,7 +355,8 @@ def quantize_model(
         layerwise: calibrate and quantize one decoder layer at a time on ``device``
             (:mod:`~fp8_linear.calibration.layerwise`): the model stays where it is (e.g. the CPU) and
             only one layer, its ``H`` and the hidden states are on the GPU, so a model larger than the
-            GPU's memory calibrates on one GPU. Same scales as the all-at-once path.
+            GPU's memory calibrates on one GPU. Same scales as the all-at-once path. The layer count, peak
+            GPU memory and wall time per layer are kept as ``model.fp8_layerwise``.
         device: where ``layerwise`` runs each layer (default: ``"cuda"`` when available, else the
             model's device). Without ``layerwise`` calibration runs where the model is.
         offload_activations: ``layerwise`` only: keep the hidden states between layers on the CPU.
@@ -454,6 +457,7 @@ def _quantize_layerwise(model, targets, batches, scheme, gptq, *, device, progre
     stats = calibrate_layerwise(_forward_target(model, targets), targets, batches, device=device, observers=observers,
                                 hessian=gptq, hessian_tokens=hessian_tokens, offload_activations=offload_activations,
                                 on_layer=on_layer, progress=progress)
+    model.fp8_layerwise = stats  # layers, peak GPU bytes, wall time per layer
     if progress and stats["peak_gpu_bytes"] is not None:
         tqdm.write(f"layerwise calibration: {stats['layers']} layers, peak GPU memory {stats['peak_gpu_bytes'] / 2**30:.2f} GiB")
     return model

@@ -75,7 +75,8 @@ def test_layerwise_observers_equal_all_at_once():
     seen = []
     stats = calibrate_layerwise(model.model, targets, batches, device="cpu", observers=obs, hessian=True,
                                 on_layer=lambda i, lt: seen.append((i, sorted(lt))), progress=False)
-    assert stats == {"layers": 3, "peak_gpu_bytes": None}
+    assert {k: stats[k] for k in ("layers", "peak_gpu_bytes")} == {"layers": 3, "peak_gpu_bytes": None}
+    assert len(stats["layer_seconds"]) == 3 and all(t >= 0 for t in stats["layer_seconds"])
     assert [i for i, _ in seen] == [0, 1, 2] and all(len(t) == 7 for _, t in seen)
     for n in targets:
         assert obs[n].count == full[n].count, n
@@ -144,3 +145,21 @@ def test_layerwise_on_gpu_matches_cpu_scales():
         # bf16 layer forwards on the GPU differ from the CPU's in rounding: scales within 1%
         torch.testing.assert_close(g.input_scale, m.input_scale, rtol=1e-2, atol=0, msg=name)
         torch.testing.assert_close(g.weight_scale, m.weight_scale, rtol=0.1, atol=0, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_layerwise_on_gpu_leaves_nothing_on_the_gpu():
+    """Every layer goes back home after its turn, the bf16 Linear layers that were swapped for FP8Linear
+    included (a reference kept by the caller would otherwise pin their weights on the GPU), and the peak
+    stays below the bf16 weights of two layers plus one layer's hidden states and H matrices."""
+    model = _llama(hidden_size=256, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=2).to(torch.bfloat16)
+    rows = [torch.randint(2, 64, (64,), generator=torch.Generator().manual_seed(i)) for i in range(16)]
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    quantize_model(model, rows, "fp8-channel", layerwise=True, device="cuda", batch_size=4, progress=False)
+    torch.cuda.synchronize()
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    assert torch.cuda.memory_allocated() - base < 2**20, "GPU memory left allocated after layer-wise calibration"
+    stats = model.fp8_layerwise
+    assert stats["layers"] == 3 and len(stats["layer_seconds"]) == 3 and stats["peak_gpu_bytes"] > 0
