@@ -234,7 +234,9 @@ class Sm90Backend(Backend):
         p = problem
         kern = kernels_module()
         block = p.scale_b_kind == SCALE_BLOCK
-        sa, sb = p.scale_a.to(torch.float32).contiguous(), p.scale_b.to(torch.float32).contiguous()
+        sa, sb = p.scale_a.to(torch.float32), p.scale_b.to(torch.float32).contiguous()
+        if p.scale_a_kind != SCALE_GROUP:  # 1x128 groups keep their layout: the kernel reads them M-major
+            sa = sa.contiguous()
         if block:
             if p.scale_a_kind != SCALE_GROUP:
                 sa = expand_scale_a_to_groups(sa, p.m, p.k)

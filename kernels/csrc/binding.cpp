@@ -105,7 +105,6 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
   FP8_CHECK(scale_a.scalar_type() == at::kFloat && scale_b.scalar_type() == at::kFloat,
               "sm90_gemm: scales must be float32");
   const bool block = is_block_scaled(scale_a, scale_b, M, N, K);
-  FP8_CHECK((block || scale_a.is_contiguous()) && scale_b.is_contiguous(), "sm90_gemm: scales must be contiguous");
   const int64_t kbn = (K + kScaleBlock - 1) / kScaleBlock;
   FP8_CHECK(block || kbn == 1 || !(scale_a.dim() == 2 && scale_a.size(0) == M && scale_a.size(1) == kbn),
             "sm90_gemm: a 1x128 scale_a [M, ceil(K/128)] = ", dims_str(scale_a.sizes()),
@@ -118,6 +117,8 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
             dims_str(scale_b.sizes()));
   FP8_CHECK(scale_a.device() == a.device() && scale_b.device() == a.device(), "sm90_gemm: scales must be on ",
             dev_str(a), ", got ", dev_str(scale_a), " and ", dev_str(scale_b));
+  FP8_CHECK((block || scale_a.is_contiguous()) && scale_b.is_contiguous(),
+            "sm90_gemm: scales must be contiguous (a 1x128 scale_a may have any strides)");
 
   fp8sm90::GemmArgs g{};
   g.a = a.data_ptr();
