@@ -291,13 +291,13 @@ def run(args) -> None:
         print(f"{v.name:40s} " + "  ".join(f"{t} {rec[t]['ppl_delta_pct']:+.3f}+-{rec[t]['ppl_delta_se_pct']:.3f}"
                                           for t in TEXTS) + f"  ({t_build:.0f}+{rec['eval_s']:.0f} s)", flush=True)
         if v.name == "C default" and args.mixed:
-            mixed_precision_run(model, q, targets, hold, ref, log, header)
+            mixed_precision_run(model, q, targets, cal, hold, ref, log, header)
         del q
         gc.collect()
     print(f"total {time.time() - t_start:.0f} s", flush=True)
 
 
-def mixed_precision_run(model, q, targets, hold, ref, log, header) -> None:
+def mixed_precision_run(model, q, targets, cal, hold, ref, log, header) -> None:
     """The budget search (:func:`~fp8_linear.calibration.mixed_precision.keep_to_budget`) on the
     fp8-channel model ``q``: budget = the held-out-slice KL of the same model with every FFN projection
     back in BF16; both measured on the eval texts. Leaves ``q`` as it was."""
@@ -308,6 +308,8 @@ def mixed_precision_run(model, q, targets, hold, ref, log, header) -> None:
     originals = dict(targets)
     quantized = {n: q.get_submodule(n) for n in originals}
     refs = mp.reference_logprobs(model, hold)
+    rank = mp.split_ranking(cal, hold)
+    rank_refs = mp.reference_logprobs(model, rank)
     ffn = [n for n in originals if FFN_PATTERN in n]
     for n in ffn:
         _set_module(q, n, originals[n])
@@ -318,8 +320,9 @@ def mixed_precision_run(model, q, targets, hold, ref, log, header) -> None:
         rec[f"ffn-bf16 {text}"] = ref[text].compare(q)
     for n in ffn:
         _set_module(q, n, quantized[n])
-    rep = mp.keep_to_budget(q, quantized, originals, hold, refs, budget, _set_module)
-    rec.update(kept=rep.kept, kl_holdout=rep.kl, kl_all_fp8_holdout=rep.kl_all_fp8, weight_bytes=rep.weight_bytes,
+    rep = mp.keep_to_budget(q, quantized, originals, hold, refs, budget, _set_module, rank, rank_refs)
+    rec.update(kept=rep.kept, kl_holdout=rep.kl, kl_se_holdout=rep.kl_se, margin_se=rep.margin_se,
+               kl_all_fp8_holdout=rep.kl_all_fp8, weight_bytes=rep.weight_bytes,
                weight_bytes_all_fp8=rep.weight_bytes_all_fp8, weight_bytes_unquantized=rep.weight_bytes_unquantized,
                ffn_bf16_weight_bytes=rep.weight_bytes_all_fp8 - sum(quantized[n].weight.numel() + 4 * quantized[n].weight_scale.numel() for n in ffn)
                + sum(originals[n].weight.numel() * 2 for n in ffn))

@@ -6,10 +6,10 @@
    in FP8, all 90 FFN projections (gate / up / down) in BF16. Its KL on the held-out slice of the
    calibration data that the budget search uses is the budget ``B``.
 2. ``budget``: ``quantize_model(..., max_kl=B)``: the fewest layers in BF16, ranked by measured
-   sensitivity, for a held-out-slice KL ``<= B``.
+   sensitivity on calibration text, for a held-out-slice KL plus one standard error ``<= B``.
 
-Both are then measured on text neither saw: the ``report`` half of the embedded eval split and the
-standard-library docstrings (``--windows`` windows of 512 tokens each, spread over each text), bf16
+Both are then measured on text neither saw: the ``choose`` and ``report`` halves of the embedded eval
+split and the standard-library docstrings (``--windows`` windows of 512 tokens each, spread over each text), bf16
 against the unquantized bf16 model. Prints BF16 layer counts, weight memory, KL and perplexity; writes
 JSON to ``--out``.
 """
@@ -80,10 +80,13 @@ def main() -> int:
     mixed = quantize_model(copy.deepcopy(model), None, args.scheme, max_kl=budget, **kw)
     rep = mixed.fp8_mixed_precision
     print(rep.summary(), flush=True)
-    texts = {"report": corpus_text("report"), "stdlib": stdlib_text()}
+    texts = {"choose": corpus_text("choose"), "report": corpus_text("report"), "stdlib": stdlib_text()}
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": "python benchmarks/mixed_precision_budget.py " + " ".join(sys.argv[1:]), "scheme": args.scheme,
            "calib_windows": args.samples, "budget_kl": budget, "stdlib_sha256": stdlib_text_digest(),
+           "search": {"kl_holdout": rep.kl, "kl_se_holdout": rep.kl_se, "margin_se": rep.margin_se,
+                      "holdout_tokens": rep.holdout_tokens, "rank_tokens": rep.rank_tokens,
+                      "kl_all_fp8_holdout": rep.kl_all_fp8},
            "unquantized_weight_mib": weight_mib(model), "models": {}}
     for name, q in (("ffn-bf16", ffn), ("budget", mixed)):
         out["models"][name] = {"bf16_layers": len(bf16_layers(q)), "weight_mib": round(weight_mib(q), 2),
@@ -93,8 +96,9 @@ def main() -> int:
         for name, q in (("ffn-bf16", ffn), ("budget", mixed)):
             r = ref.compare(q)
             out["models"][name][text] = {k: r[k] for k in ("kl", "ppl_delta_pct", "ppl_delta_se_pct", "top1")}
-            print(f"{name:9s} {text:7s} KL {r['kl']:.5f} (budget {budget:.5f})  ppl {r['ppl_delta_pct']:+.3f}% "
-                  f"+- {r['ppl_delta_se_pct']:.3f}", flush=True)
+            out["models"][name][text]["within_budget"] = r["kl"] <= budget
+            print(f"{name:9s} {text:7s} KL {r['kl']:.5f} ({100 * (r['kl'] / budget - 1):+.1f}% vs budget {budget:.5f})  "
+                  f"ppl {r['ppl_delta_pct']:+.3f}% +- {r['ppl_delta_se_pct']:.3f}", flush=True)
     for name, m in out["models"].items():
         print(f"{name:9s} {m['bf16_layers']:3d} BF16 layers, weights {m['weight_mib']:.1f} MiB "
               f"(unquantized {out['unquantized_weight_mib']:.1f} MiB)")

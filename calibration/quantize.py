@@ -363,7 +363,8 @@ def quantize_model(
         hessian_tokens: tokens folded into each GPTQ ``H`` (``None``: :data:`~fp8_linear.calibration.gptq.MAX_TOKENS`).
         max_kl: an accuracy budget (causal LMs): keep the fewest layers in high precision so that
             ``KL(unquantized || quantized)`` per token, measured on a held-out slice of the calibration
-            batches, is at most this many nats (:mod:`~fp8_linear.calibration.mixed_precision`). The
+            batches, plus one standard error, is at most this many nats (layers ranked on other
+            calibration batches; :mod:`~fp8_linear.calibration.mixed_precision`). The
             report (kept layers, KL, weight memory) is ``model.fp8_mixed_precision`` and is printed
             when ``progress``. ``None`` (default): every selected layer in FP8.
 
@@ -419,14 +420,15 @@ def _quantize_to_budget(model, targets, calib_data, tokenizer, scheme, gptq, max
         raise ValueError(f"max_kl: needs a causal LM (a model returning logits), got {type(model).__name__}")
     batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size, model=model)
     cal, hold = mp.split_holdout(batches)
-    refs = mp.reference_logprobs(model, hold)
+    rank = mp.split_ranking(cal, hold)  # layers are ranked on calibration text, chosen on the held-out slice
+    refs, rank_refs = mp.reference_logprobs(model, hold), mp.reference_logprobs(model, rank)
     observers = calibrate(model, targets, cal, progress=progress, histogram=needs_histogram([scheme]), hessian=gptq,
                           dtype=calib_dtype, hessian_tokens=hessian_tokens) if (scheme.static or gptq) else None
     originals = dict(targets)
     with torch.no_grad():
         apply_quantization(model, targets, scheme, observers, gptq=gptq)
     quantized = {n: model.get_submodule(n) for n in originals}
-    report = mp.keep_to_budget(model, quantized, originals, hold, refs, float(max_kl), _set_module)
+    report = mp.keep_to_budget(model, quantized, originals, hold, refs, float(max_kl), _set_module, rank, rank_refs)
     model.fp8_mixed_precision = report
     if progress:
         tqdm.write(report.summary())

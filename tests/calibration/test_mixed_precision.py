@@ -11,10 +11,14 @@ from torch import nn
 from fp8_linear import FP8Linear, quantize_model
 from fp8_linear.calibration.data import materialize_batches
 from fp8_linear.calibration.mixed_precision import (
+    MARGIN_SE,
+    kl_mean_se,
     layer_sensitivity,
     measure_kl,
+    measure_kl_se,
     reference_logprobs,
     split_holdout,
+    split_ranking,
 )
 from fp8_linear.calibration.quantize import apply_quantization, select_linears
 
@@ -52,7 +56,8 @@ def test_budget_met_with_fewest_layers():
     q = quantize_model(copy.deepcopy(model), rows, "fp8-tensor", max_kl=budget, progress=False)
     rep = q.fp8_mixed_precision
     assert rep.kl_all_fp8 == pytest.approx(kl_all, rel=1e-3)
-    assert 0 < len(rep.kept) < 21 and rep.kl <= budget
+    assert 0 < len(rep.kept) < 21 and rep.kl + rep.margin_se * rep.kl_se <= budget
+    assert rep.margin_se == MARGIN_SE and rep.kl_se > 0 and rep.rank_tokens > 0
     kept_types = {n for n, m in q.named_modules() if type(m) is nn.Linear and n != "lm_head"}
     assert kept_types == set(rep.kept)
     assert sum(isinstance(m, FP8Linear) for m in q.modules()) == 21 - len(rep.kept)
@@ -65,7 +70,8 @@ def test_budget_met_with_fewest_layers():
     for name in order[:len(rep.kept) - 1]:
         parent, _, child = name.rpartition(".")
         setattr(fp8.get_submodule(parent), child, model.get_submodule(name))
-    assert measure_kl(fp8, hold, refs) > budget
+    kl, se = measure_kl_se(fp8, hold, refs)
+    assert kl + rep.margin_se * se > budget
     # memory: FP8 bytes for the quantized layers, dense bytes for the kept ones
     dense = sum(model.get_submodule(n).weight.numel() * 4 for n in rep.kept)
     assert rep.weight_bytes_all_fp8 < rep.weight_bytes < rep.weight_bytes_unquantized
@@ -129,3 +135,94 @@ def test_budget_checkpoint_round_trip(tmp_path):
     x = torch.randint(2, 64, (1, 16))
     with torch.inference_mode():
         torch.testing.assert_close(r(x).logits, q(x).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_kl_mean_se_equal_rows_is_the_textbook_standard_error():
+    """With equally long rows the token-weighted SE is stdev(row means) / sqrt(rows)."""
+    import statistics
+
+    means = [0.011, 0.009, 0.014, 0.010, 0.012]
+    mean, se = kl_mean_se([m * 50 for m in means], [50] * 5)
+    assert mean == pytest.approx(statistics.fmean(means), rel=1e-12)
+    assert se == pytest.approx(statistics.stdev(means) / len(means) ** 0.5, rel=1e-12)
+    assert kl_mean_se([3.0], [10]) == (0.3, 0.0)  # one row: no spread to estimate
+    assert kl_mean_se([1.0, 2.0], [0, 0]) == (0.0, 0.0)
+    # rows weighted by their tokens: a long row moves the mean more
+    assert kl_mean_se([1.0, 4.0], [10, 40])[0] == pytest.approx(5.0 / 50)
+
+
+def test_measure_kl_se_mean_is_the_token_mean():
+    """The mean is KL over every real token (an independent torch.nn.functional.kl_div), padding excluded."""
+    model = _llama()
+    batches = materialize_batches(_rows(6, t=20) + [torch.randint(2, 64, (11,))], batch_size=4)  # ragged: padding
+    refs = reference_logprobs(model, batches)
+    q = quantize_model(copy.deepcopy(model), _rows(8, seed=3), "fp8-tensor", progress=False)
+    mean, se = measure_kl_se(q, batches, refs)
+    total = tokens = 0.0
+    with torch.inference_mode():
+        for b, r in zip(batches, refs):
+            # fp32 log-probabilities as the package computes them (KL ~ 1e-5 is a small difference of
+            # log-probabilities ~ 4: fp32 rounding of those alone moves it by ~1e-4 relative), summed in fp64
+            lp = torch.log_softmax(q(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[:, :-1].float(), -1).double()
+            m = (b.attention_mask[:, 1:] * b.attention_mask[:, :-1]).bool()
+            total += float(torch.nn.functional.kl_div(lp[m], r.double()[m], log_target=True, reduction="sum"))
+            tokens += int(m.sum())
+    assert mean == pytest.approx(total / tokens, rel=1e-5)
+    assert measure_kl(q, batches, refs) == mean and 0 < se < mean
+
+
+def test_margin_keeps_more_layers_when_the_bare_kl_is_within_the_budget():
+    """A budget between the bare held-out KL of a choice and that KL plus one SE: without a margin the
+    search takes that choice, with the default margin it keeps more layers and meets KL + SE <= budget."""
+    model, rows = _llama(), _rows(32)
+    kl_all = _all_fp8_kl(model, rows)
+    bare = quantize_model(copy.deepcopy(model), rows, "fp8-tensor", max_kl=kl_all / 3, progress=False)
+    rep0 = bare.fp8_mixed_precision
+    budget = rep0.kl + 0.5 * rep0.kl_se
+    import fp8_linear.calibration.mixed_precision as mp
+
+    old = mp.MARGIN_SE
+    mp.MARGIN_SE = 0.0
+    try:
+        no_margin = quantize_model(copy.deepcopy(model), rows, "fp8-tensor", max_kl=budget, progress=False).fp8_mixed_precision
+    finally:
+        mp.MARGIN_SE = old
+    with_margin = quantize_model(copy.deepcopy(model), rows, "fp8-tensor", max_kl=budget, progress=False).fp8_mixed_precision
+    assert no_margin.margin_se == 0 and no_margin.kl <= budget < no_margin.kl + no_margin.kl_se
+    assert len(with_margin.kept) > len(no_margin.kept)
+    assert with_margin.kl + with_margin.kl_se <= budget
+
+
+def test_budget_holds_on_unseen_rows():
+    """The chosen model's KL on rows that neither calibration, ranking nor the choice saw is within the budget."""
+    model, rows = _llama(), _rows(32)
+    budget = _all_fp8_kl(model, rows) / 3
+    q = quantize_model(copy.deepcopy(model), rows, "fp8-tensor", max_kl=budget, progress=False)
+    unseen = materialize_batches(_rows(32, seed=7), batch_size=4)
+    assert measure_kl(q, unseen, reference_logprobs(model, unseen)) <= budget
+
+
+def test_layers_are_ranked_on_calibration_batches_not_the_held_out_ones():
+    model, rows = _llama(), _rows()
+    q = quantize_model(copy.deepcopy(model), rows, "fp8-tensor", max_kl=_all_fp8_kl(model, rows) / 3, progress=False)
+    rep = q.fp8_mixed_precision
+    batches = materialize_batches(rows, batch_size=4)
+    cal, hold = split_holdout(batches)
+    rank = split_ranking(cal, hold)
+    assert len(rank) == len(hold) and all(r is not h for r in rank for h in hold)
+    assert rank[-1] is cal[-1]
+    fp8 = quantize_model(copy.deepcopy(model), [r for b in cal for r in b.input_ids], "fp8-tensor", progress=False)
+    originals = {n: copy.deepcopy(m) for n, m in select_linears(copy.deepcopy(model)).items()}
+    on_rank = layer_sensitivity(fp8, originals, rank, reference_logprobs(model, rank))
+    on_hold = layer_sensitivity(fp8, originals, hold, reference_logprobs(model, hold))
+    assert rep.sensitivity == pytest.approx(on_rank, rel=1e-3, abs=1e-12)
+    assert rep.sensitivity != pytest.approx(on_hold, rel=1e-3, abs=1e-12)
+
+
+def test_rank_slice_needs_its_references():
+    from fp8_linear.calibration.mixed_precision import keep_to_budget
+
+    with pytest.raises(ValueError, match="rank_batches"):
+        keep_to_budget(nn.Linear(2, 2), {}, {}, [], [], 0.1, None, rank_batches=[])
+    with pytest.raises(ValueError, match="margin_se"):
+        keep_to_budget(nn.Linear(2, 2), {}, {}, [], [], 0.1, None, margin_se=-1.0)
