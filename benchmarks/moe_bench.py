@@ -5,19 +5,23 @@ Two parts, one run (docs/moe.md):
 1. **Grouped GEMM** on the experts' shapes (128 experts, top-8, hidden 2048, expert intermediate 768:
    ``gate_up [128, 1536, 2048]``, ``down [128, 2048, 768]``), routed token counts drawn from a softmax
    router on random logits, at decode batches and prefill lengths. Candidates, per-token activation
-   and per-channel weight scales: ``grouped`` (:func:`fp8_linear.grouped_fp8_gemm`, the backend it
-   picks), ``per_expert`` (its per-expert fallback, one dense GEMM per expert through the dense
-   dispatcher), ``scaled_mm_loop`` (a bare loop of ``torch._scaled_mm`` with row-wise scales, expert
-   offsets known on the host: the baseline) and ``bf16_grouped`` (``torch._grouped_mm`` in BF16, what
-   transformers' ``grouped_mm`` experts run). ``triton.testing.do_bench`` medians.
+   and per-channel weight scales: ``ours_sm90`` (our grouped kernel, backend ``sm90_grouped``),
+   ``torch_grouped`` (``torch._scaled_grouped_mm``), ``grouped`` (:func:`fp8_linear.grouped_fp8_gemm`,
+   the backend it picks), ``per_expert`` (its per-expert fallback, one dense GEMM per expert through the
+   dense dispatcher), ``scaled_mm_loop`` (a bare loop of ``torch._scaled_mm`` with row-wise scales,
+   expert offsets known on the host: the baseline of the 1.3x bar; ``cublaslt_loop``, the same loop through
+   the package's cuBLASLt call, stands in where the bare call fails) and ``bf16_grouped``
+   (``torch._grouped_mm`` in BF16, what transformers' ``grouped_mm`` experts run).
+   ``triton.testing.do_bench`` medians; a candidate that fails prints its error.
 2. **Model**: prefill tokens/s (one forward of ``[1, --prefill]``) and decode tokens/s (greedy
    ``generate`` at batch 1, decode = generate(N) - generate(1)), eager, and compiled static cache with
-   ``--compile``; BF16 (transformers' experts implementation) against ``quantize_model(..., fp8-dynamic)``
+   ``--compile`` (with ``--quick``: BF16 and FP8 grouped only); BF16 (transformers' experts implementation) against ``quantize_model(..., fp8-dynamic)``
    with the grouped GEMM's own choice and with the per-expert fallback forced.
 
 Writes a table and ``benchmarks/results/moe-<UTC stamp>[-quick].json``.
 
-    python -m benchmarks.moe_bench --quick      # < 3 minutes on an H200
+    python -m benchmarks.moe_bench --quick      # < 1 minute on an H200
+    python -m benchmarks.moe_bench --quick --compile   # + compiled decode, BF16 against FP8 at batch 1
     python -m benchmarks.moe_bench --layers 8 --compile
     python -m benchmarks.moe_bench --tiny       # a toy size, to check the script (also on a CPU)
     python -m benchmarks.moe_bench --quality    # CPU: accuracy of every preset on a tiny Qwen3-MoE vs its dense twin
@@ -37,7 +41,7 @@ from fp8_linear.grouped_gemm import (
     grouped_backends, grouped_fp8_gemm_unchecked, make_grouped_problem, offsets_from_counts,
     register_grouped_backend, select_grouped_backend, unregister_grouped_backend,
 )
-from fp8_linear.moe.grouped_backends import PER_EXPERT
+from fp8_linear.moe.grouped_backends import PER_EXPERT, SM90_GROUPED, TORCH_GROUPED
 
 #: Qwen3-30B-A3B (public config.json values); ``--layers`` cuts the depth.
 QWEN3_30B_A3B = dict(
@@ -86,6 +90,16 @@ def _time(fns: dict, device, reps: int) -> dict:
     return out
 
 
+def _unavailable(why: str):
+    def fn():
+        raise RuntimeError(f"unavailable: {why}")
+    return fn
+
+
+def _fmt(v) -> str:
+    return f"{v:.4f}ms" if isinstance(v, float) else f"ERR({v[:90]})"
+
+
 def gemm_candidates(counts: torch.Tensor, n: int, k: int, device) -> dict:
     """The four candidates of part 1 for one projection ``[E, n, k]`` and routed ``counts``."""
     e, m = counts.numel(), int(counts.sum())
@@ -104,16 +118,34 @@ def gemm_candidates(counts: torch.Tensor, n: int, k: int, device) -> dict:
     wt = w.transpose(-2, -1)
 
     def scaled_mm_loop():
+        # torch._scaled_mm: a row-major [rows, K], b column-major [K, N], row-wise fp32 scales [rows, 1] x [1, N]
         out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
         for i, (s, t) in enumerate(zip(starts, ends)):
             if t > s:
                 out[s:t] = torch._scaled_mm(a[s:t], bt[i], scale_a=sat[i], scale_b=sbt[i], out_dtype=torch.bfloat16)
         return out
 
+    def cublaslt_loop():
+        # the same loop through the package's cuBLASLt call (fp8_linear.backends.cublaslt: its scale layouts)
+        from fp8_linear.backends.cublaslt import cublaslt_gemm
+
+        out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
+        for i, (s, t) in enumerate(zip(starts, ends)):
+            if t > s:
+                out[s:t] = cublaslt_gemm(a[s:t], b[i], sa[s:t], sb[i], None, torch.bfloat16)
+        return out
+
+    fns = {}
+    for label, backend in (("ours_sm90", SM90_GROUPED), ("torch_grouped", TORCH_GROUPED)):
+        ok, why = backend.supports(torch.device(device))
+        ok, why = backend.can_run(problem) if ok else (ok, why)
+        fns[label] = (lambda backend=backend: backend.run(problem)) if ok else _unavailable(why)
     return {
+        **fns,
         "grouped": lambda: grouped_fp8_gemm_unchecked(a, b, sa, sb, offsets),
         "per_expert": lambda: PER_EXPERT.run(problem),
         "scaled_mm_loop": scaled_mm_loop,
+        "cublaslt_loop": cublaslt_loop,
         "bf16_grouped": lambda: torch._grouped_mm(x, wt, offs=offsets),
     }, select_grouped_backend(problem).name
 
@@ -130,12 +162,16 @@ def gemm_part(cfg: dict, decode: tuple, prefill: tuple, device, reps: int) -> li
                 row = dict(phase=phase, tokens=tokens, routed=int(counts.sum()), active=int((counts > 0).sum()),
                            proj=proj, n=n, k=k, grouped_backend=chosen, ms=ms)
                 base = ms.get("scaled_mm_loop")
-                if isinstance(base, float) and isinstance(ms.get("grouped"), float):
-                    row["grouped_vs_loop"] = base / ms["grouped"]
+                if not isinstance(base, float):  # the bare call refused: the package's cuBLASLt loop is the baseline
+                    base = ms.get("cublaslt_loop")
+                for c in ("grouped", "ours_sm90", "torch_grouped"):
+                    if isinstance(base, float) and isinstance(ms.get(c), float):
+                        row[f"{c}_vs_loop"] = base / ms[c]
                 rows.append(row)
-                print(f"{phase:7s} tokens={tokens:5d} {proj:7s} active={row['active']:3d} " + "  ".join(
-                    f"{c}={v:.4f}ms" if isinstance(v, float) else f"{c}=ERR" for c, v in ms.items())
-                    + (f"  grouped/loop={row['grouped_vs_loop']:.2f}x ({chosen})" if "grouped_vs_loop" in row else ""))
+                ratios = "  ".join(f"{c}/loop={row[f'{c}_vs_loop']:.2f}x" for c in ("ours_sm90", "torch_grouped", "grouped")
+                                   if f"{c}_vs_loop" in row)
+                print(f"{phase:7s} tokens={tokens:5d} {proj:7s} active={row['active']:3d} "
+                      + "  ".join(f"{c}={_fmt(v)}" for c, v in ms.items()) + f"  {ratios} (grouped picks {chosen})")
     return rows
 
 
@@ -184,7 +220,7 @@ def weight_gb(model) -> float:
     return sum(t.numel() * t.element_size() for t in model.parameters()) / 1e9
 
 
-def model_part(cfg, layers, device, prefill, new, reps, compiled) -> list[dict]:
+def model_part(cfg, layers, device, prefill, new, reps, compiled, quick: bool = False) -> list[dict]:
     from fp8_linear import quantize_model
 
     rows = []
@@ -194,6 +230,8 @@ def model_part(cfg, layers, device, prefill, new, reps, compiled) -> list[dict]:
     variants += [("fp8-dynamic grouped", fp8, None), ("fp8-dynamic per_expert", fp8, PER_EXPERT)]
     for mode in ([False, True] if compiled else [False]):
         for label, model, forced in variants:
+            if mode and quick and forced is not None:
+                continue  # --quick: compiled BF16 against compiled FP8 grouped only
             if forced is not None:
                 register_grouped_backend(forced)
             try:
@@ -259,7 +297,7 @@ def quality_part() -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a short run (< 3 minutes on an H200)")
+    ap.add_argument("--quick", action="store_true", help="a short run (< 1 minute on an H200; with --compile also compiled BF16 / FP8 decode)")
     ap.add_argument("--tiny", action="store_true", help="a toy-size model (checks the script; runs on a CPU)")
     ap.add_argument("--layers", type=int, default=4, help="decoder layers of the model part (Qwen3-30B-A3B has 48)")
     ap.add_argument("--prefill", type=int, default=2048, help="tokens of the prefill forward")
@@ -287,10 +325,12 @@ def main(argv=None) -> int:
         layers, prefill, new, reps = QUICK["layers"], QUICK["prefill_len"], QUICK["new_tokens"], QUICK["reps"]
     print(f"device {device}; grouped backends in order: {[b.name for b in grouped_backends()]}")
     gemm_rows = gemm_part(cfg, decode, prefill_list, device, reps)
-    model_rows = [] if args.skip_model else model_part(cfg, layers, device, prefill, new, reps, args.compile)
-    ratios = [r["grouped_vs_loop"] for r in gemm_rows if "grouped_vs_loop" in r]
-    summary = {"grouped_vs_scaled_mm_loop_min": min(ratios) if ratios else None,
-               "grouped_vs_scaled_mm_loop_geomean": statistics.geometric_mean(ratios) if ratios else None}
+    model_rows = [] if args.skip_model else model_part(cfg, layers, device, prefill, new, reps, args.compile, args.quick)
+    summary = {}
+    for c in ("ours_sm90", "torch_grouped", "grouped"):
+        ratios = [r[f"{c}_vs_loop"] for r in gemm_rows if f"{c}_vs_loop" in r]
+        summary[f"{c}_vs_scaled_mm_loop_min"] = min(ratios) if ratios else None
+        summary[f"{c}_vs_scaled_mm_loop_geomean"] = statistics.geometric_mean(ratios) if ratios else None
     bf = {r["compiled"]: r for r in model_rows if r["model"] == "bf16" and "error" not in r}
     for r in model_rows:
         if r["model"] != "bf16" and "error" not in r and r["compiled"] in bf:

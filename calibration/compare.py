@@ -33,6 +33,7 @@ from .evaluate import (
     is_causal_lm,
     paired_delta_se,
 )
+from .experts import apply_experts_quantization, calibrate_experts, experts_quantized_in_place, select_experts
 from .quantize import (
     DEFAULT_IGNORE,
     _set_module,
@@ -179,11 +180,13 @@ def compare_schemes(
              "eval_dtype": str(dtype).replace("torch.", ""), "calib_dtype": str(calib_dtype or dtype).replace("torch.", ""),
              "gptq": gptq, "schemes": {s.name: s.__dict__ for s in schemes}}
     observers, t_cal = None, 0.0
+    experts, experts_obs = select_experts(model, ignore), {}  # fused MoE experts (docs/moe.md)
     if gptq or any(s.static for s in schemes):
         t0 = time.perf_counter()
         batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size, model=model)
         observers = calibrate(model, targets, batches, progress=progress, histogram=needs_histogram(schemes), hessian=gptq,
                               dtype=calib_dtype)
+        experts_obs = calibrate_experts(model, experts, batches, progress=progress) if experts else {}
         t_cal = time.perf_counter() - t0
         notes.update(calib_samples=sum(b.input_ids.shape[0] for b in batches), calib_tokens=sum(b.num_tokens for b in batches),
                      calibrate_s=round(t_cal, 2))
@@ -206,13 +209,15 @@ def compare_schemes(
                 # quantize the model itself (no copy: the reloaded checkpoint is what gets evaluated),
                 # save, and put its own Linear modules back
                 path = os.path.join(ckpt_root, s.name)
-                with _quantized_in_place(model, targets, s, observers, gptq, weight_cache) as t_apply:
+                with _quantized_in_place(model, targets, s, observers, gptq, weight_cache) as t_apply, \
+                        experts_quantized_in_place(model, experts, s, experts_obs):
                     save_quantized(model, path, tokenizer=tokenizer, overwrite=True)
                 q = load_quantized(path, dtype=dtype).eval()
                 extra[s.name] = {"quantize_s": t_apply[0], "checkpoint_mb": _folder_mb(path)}
             else:
                 q = copy.deepcopy(model)
                 apply_quantization(q, select_linears(q, ignore), s, observers, gptq=gptq, cache=weight_cache)
+                apply_experts_quantization(q, select_experts(q, ignore), s, experts_obs)
                 extra[s.name] = {"quantize_s": time.perf_counter() - t0}
             # calibration and the weight pass are shared: each preset is charged all of both
             extra[s.name]["quantize_s"] += t_weights + (t_cal if observers else 0.0)

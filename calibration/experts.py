@@ -21,6 +21,7 @@ matrix). :func:`moe_report` lists the per-expert token counts and which experts 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,11 +29,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from fp8_linear.checkpoint.plan import pattern_matches
 from fp8_linear.errors import CalibrationError
 from fp8_linear.formats import FP8_DTYPES
 from fp8_linear.module import FP8Linear
-from fp8_linear.moe import hf
+from fp8_linear.moe.convert import replace_module, select_fused_experts
 from fp8_linear.moe.experts import FP8Experts, part_rows, weight_scale_shape
 from fp8_linear.scheme import QuantScheme, resolve_scheme
 
@@ -134,10 +134,7 @@ class ExpertsObserver:
 def select_experts(model: nn.Module, ignore: Iterable[str] = ()) -> dict[str, nn.Module]:
     """The fused experts modules of ``model`` to quantize (``ignore``: exact names, ``re:`` regexes,
     class names, as :func:`~fp8_linear.calibration.quantize.select_linears` reads them)."""
-    if isinstance(ignore, str):
-        ignore = (ignore,)
-    return {n: m for n, m in hf.find_fused_experts(model).items()
-            if not any(pattern_matches(p, n, m, "ct") for p in (ignore or ()))}
+    return select_fused_experts(model, ignore)
 
 
 def calibrate_experts(model: nn.Module, targets: dict[str, nn.Module], batches: list[Batch], *,
@@ -257,12 +254,25 @@ def apply_experts_quantization(model: nn.Module, targets: dict[str, nn.Module], 
             new = FP8Experts.from_experts(src, scheme, input_amax=amax, weight_scales=_weight_scales(src, scheme))
             new.calibration_tokens = ob.counts.tolist() if ob is not None else None
             new.calibration_fallback = rare
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child, new)
+            replace_module(model, name, new)
     report = moe_report(model)
     if any(x.fallback for x in report.layers):
         log.info("fp8_linear: %s", report.fallback_summary())
     return report
+
+
+@contextlib.contextmanager
+def experts_quantized_in_place(model: nn.Module, targets: dict[str, nn.Module], scheme: "str | QuantScheme",
+                               observers: dict[str, ExpertsObserver], min_tokens: int = MIN_EXPERT_TOKENS):
+    """``model`` with its ``targets`` experts modules swapped for :class:`FP8Experts` of ``scheme`` inside
+    the block (:func:`apply_experts_quantization`), its own modules again after it (``compare_schemes``
+    quantizes, saves and restores one model per scheme). Yields the :func:`moe_report` of the swap
+    (``None`` without targets)."""
+    try:
+        yield apply_experts_quantization(model, targets, scheme, observers, min_tokens) if targets else None
+    finally:
+        for name, src in targets.items():
+            replace_module(model, name, src)
 
 
 # ---------------------------------------------------------------------------------------------- report

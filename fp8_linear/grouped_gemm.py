@@ -13,11 +13,14 @@ come out as zeros.
 
 Backends (``fp8_linear/moe/grouped_backends.py``), first able one wins:
 
-1. any backend put in front with :func:`register_grouped_backend` (the slot for a grouped sm90
-   kernel: it answers ``supports`` / ``can_run`` / ``run`` on a :class:`GroupedProblem`);
-2. ``torch_grouped``: ``torch._scaled_grouped_mm`` (one launch; sm90/sm100, e4m3, per-tensor or
+1. any backend put in front with :func:`register_grouped_backend` (it answers ``supports`` /
+   ``can_run`` / ``run`` on a :class:`GroupedProblem`);
+2. ``sm90_grouped``: our grouped Hopper kernel (``kernels/include/sm90_grouped.cuh``; one launch, the
+   offsets read on the device; fp8 e4m3 / e5m2, per-tensor / per-token x per-expert / per-channel
+   scales, bf16 / fp16 / fp32 out);
+3. ``torch_grouped``: ``torch._scaled_grouped_mm`` (one launch; sm90/sm100, e4m3, per-tensor or
    per-row scales, bf16 out);
-3. ``per_expert``: one dense GEMM per expert with tokens through :func:`fp8_linear.gemm.run_problem`,
+4. ``per_expert``: one dense GEMM per expert with tokens through :func:`fp8_linear.gemm.run_problem`,
    i.e. the dense dispatcher (sm90 -> cuBLASLt ``torch._scaled_mm`` -> emulated on CPU).
 
 ``FP8_LINEAR_BACKEND`` (which forces a dense backend) sends every grouped GEMM to ``per_expert``,
@@ -225,7 +228,7 @@ _supports_cache: dict[tuple[str, str], tuple[bool, str]] = {}
 
 
 def register_grouped_backend(backend: GroupedBackend) -> None:
-    """Put ``backend`` in front of the built-in grouped backends (e.g. a grouped sm90 kernel).
+    """Put ``backend`` in front of the built-in grouped backends (e.g. one of them, to force it in a benchmark).
 
     It is asked first, for every grouped GEMM; registering an object with the same ``name`` again
     replaces the earlier one.
@@ -246,7 +249,7 @@ def unregister_grouped_backend(name: str) -> None:
 
 
 def grouped_backends() -> list[GroupedBackend]:
-    """The ordered grouped backends: registered ones first, then ``torch_grouped`` and ``per_expert``."""
+    """The ordered grouped backends: registered ones first, then ``sm90_grouped``, ``torch_grouped`` and ``per_expert``."""
     from .moe.grouped_backends import BUILTIN_BACKENDS
 
     return [*_registered, *BUILTIN_BACKENDS]
