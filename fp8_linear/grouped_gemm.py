@@ -25,7 +25,8 @@ Backends (``fp8_linear/moe/grouped_backends.py``), first able one wins:
 
 ``FP8_LINEAR_BACKEND`` (which forces a dense backend) sends every grouped GEMM to ``per_expert``,
 so the forced dense backend runs each expert. The op is the ``torch.library`` custom op
-``fp8_linear::grouped_fp8_gemm`` with a fake implementation (``torch.compile`` traces it).
+``fp8_linear::grouped_fp8_gemm`` with a fake implementation (``torch.compile`` traces it); eager
+calls run the selected backend directly.
 """
 
 from __future__ import annotations
@@ -321,6 +322,11 @@ def run_grouped_problem(p: GroupedProblem) -> torch.Tensor:
         return PER_EXPERT.run(p)
 
 
+#: True while dynamo traces (the op is then recorded); eager calls run the backend directly, as the dense
+#: ops do (fp8_linear/ops.py), so compiled and eager outputs are the same backend's bits.
+_compiling = torch.compiler.is_dynamo_compiling
+
+
 @torch.library.custom_op("fp8_linear::grouped_fp8_gemm", mutates_args=())
 def _grouped_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                 offsets: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
@@ -335,7 +341,9 @@ def _grouped_op_fake(a, b, scale_a, scale_b, offsets, bias, out_dtype):
 def grouped_fp8_gemm_unchecked(a, b, scale_a, scale_b, offsets, bias=None, out_dtype=torch.bfloat16) -> torch.Tensor:
     """:func:`grouped_fp8_gemm` without the value scans (no device sync): shapes and dtypes are still
     checked. Inputs must already satisfy the contract (finite positive scales, ordered offsets)."""
-    make_grouped_problem(a, b, scale_a, scale_b, offsets, bias, out_dtype, check_values=False)
+    p = make_grouped_problem(a, b, scale_a, scale_b, offsets, bias, out_dtype, check_values=False)
+    if not _compiling():  # eager: the backend directly (no dispatcher round trip, one validation)
+        return run_grouped_problem(p)
     return _grouped_op(a, b, scale_a, scale_b, offsets, bias, out_dtype)
 
 
@@ -361,7 +369,9 @@ def grouped_fp8_gemm(a, b, scale_a, scale_b, offsets, bias=None, out_dtype=torch
 
     Raises ``TypeError`` / ``ShapeError`` / ``ScaleError`` / ``ValueError`` naming the argument.
     """
-    make_grouped_problem(a, b, scale_a, scale_b, offsets, bias, out_dtype, check_values=True)
+    p = make_grouped_problem(a, b, scale_a, scale_b, offsets, bias, out_dtype, check_values=True)
+    if not _compiling():
+        return run_grouped_problem(p)
     return _grouped_op(a, b, scale_a, scale_b, offsets, bias, out_dtype)
 
 
