@@ -1,4 +1,5 @@
-"""The MoE experts through ``compare_schemes`` and ``quantize_fused_experts`` (the weight-only conversion).
+"""The MoE experts through ``compare_schemes`` and ``quantize_fused_experts`` (the weight-only conversion);
+the default ignore list keeps the shared-expert gates in high precision.
 
 Reference: ``quantize_model`` on a copy of the same model (the experts path of docs/moe.md), whose
 outputs ``compare_schemes`` must reproduce for every scheme, with and without the save / reload.
@@ -10,6 +11,7 @@ import copy
 
 import pytest
 import torch
+from torch import nn
 
 from fp8_linear import FP8Linear, compare_schemes, quantize_model
 from fp8_linear.calibration.data import Batch
@@ -59,3 +61,19 @@ def test_quantize_fused_experts_refuses_static_schemes_and_honours_ignore():
         "model.layers.1.mlp.experts"]
     assert not isinstance(model.model.layers[0].mlp.experts, FP8Experts)
     assert isinstance(model.model.layers[1].mlp.experts, FP8Experts)
+
+
+def test_shared_expert_gates_stay_in_high_precision_by_default():
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2MoeConfig(vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                         shared_expert_intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, max_position_embeddings=256)
+    model = Qwen2MoeForCausalLM(cfg).eval()
+    q = quantize_model(copy.deepcopy(model), byte_samples("calib", 4, 64), "fp8-dynamic", progress=False)
+    gates = [m for n, m in q.named_modules() if n.endswith("shared_expert_gate")]
+    assert len(gates) == 2 and all(type(m) is nn.Linear for m in gates)
+    assert all(isinstance(m, FP8Linear) for n, m in q.named_modules() if n.endswith("shared_expert.down_proj"))
+    assert sum(isinstance(m, FP8Experts) for m in q.modules()) == 2
+    assert {f"model.layers.{i}.mlp.shared_expert_gate.weight" for i in range(2)} <= set(moe_report(q).high_precision)
