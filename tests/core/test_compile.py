@@ -2,7 +2,10 @@
 and backend, and compiled outputs bitwise equal to eager.
 
 CPU: the emulated backend (``torch._dynamo.explain`` per preset, ``fullgraph=True`` compiled output
-bitwise the eager one, a small model of several layers). GPU (marked): every preset on each backend
+bitwise the eager one under ``aot_eager`` and inductor, a small model of several layers). Inductor's FX
+graph cache is off in these tests: its key leaves out the vector ISA that ``ATEN_CPU_CAPABILITY``
+selects, so a graph cached by a run under another capability comes back with the wrong vector width
+(wrong outputs under avx2, a C++ compile error under default; tests/repro/inductor_cpu_isa_cache.py). GPU (marked): every preset on each backend
 that can run it (sm90, cuBLASLt, emulated, forced through ``FP8_LINEAR_BACKEND``), ``explain`` at zero
 breaks and ``mode="reduce-overhead"`` (CUDA graphs) bitwise equal to eager over fresh inputs.
 """
@@ -46,8 +49,11 @@ class _Mlp(nn.Module):
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
+    """A fresh dynamo, and inductor compiling for this process's vector ISA: no FX graph (or AOTAutograd)
+    cache entry made under another ``ATEN_CPU_CAPABILITY`` is loaded (the cache key lacks the ISA)."""
     torch._dynamo.reset()
-    yield
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
     torch._dynamo.reset()
 
 
@@ -61,14 +67,13 @@ def test_no_graph_breaks_on_cpu(preset):
     assert ex.graph_count == 1
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("preset", PRESETS)
-def test_fullgraph_compile_is_bitwise_eager_on_cpu(preset):
-    # aot_eager: our ops traced through their fake impls and functionalized, run as ATen ops. Inductor's
-    # own CPU code generation of this MLP gave outputs unrelated to eager's under ATEN_CPU_CAPABILITY
-    # default / avx2 with 2 threads (correct with 1 thread or AVX-512), so the CPU check leaves it out;
-    # inductor's output is checked bitwise against eager on the GPU (test_reduce_overhead_is_bitwise_eager_on_gpu).
+def test_fullgraph_compile_is_bitwise_eager_on_cpu(preset, backend):
+    # aot_eager: our ops traced through their fake impls and functionalized, run as ATen ops. inductor:
+    # the same, with SiLU * up generated as one C++ kernel for this CPU's vector ISA.
     model = _Mlp(preset, 192, 320)
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
     for m in (1, 7):
         x = torch.randn(m, 192) * 2
         assert torch.equal(compiled(x), model(x)), f"{preset} M={m}"
