@@ -35,6 +35,7 @@ from ..formats import FP8_DTYPES, SCALE_DTYPE
 from ..module import FP8Linear
 from ..quantize import quantize_fp8, scale_shape
 from ..scheme import QuantScheme
+from .host_memory import release_freed_host_memory
 from .transformers_config import FP8LinearConfig, QUANT_METHOD
 
 log = logging.getLogger("fp8_linear")
@@ -238,6 +239,10 @@ class FP8LinearHfQuantizer(HfQuantizer):
         """
         owner = key.rpartition(".")[0]
         scheme = self.targets[owner]
+        if w.device.type == "cpu":
+            # the previous layers' high-precision weights are freed by now: give their pages back, or the
+            # heap fragmentation between the FP8 tensors that stay keeps them resident (host_memory.py)
+            release_freed_host_memory()
         try:
             if w.dim() != 2:
                 raise ValueError(f"expected a 2-D weight [out, in], got shape {list(w.shape)}")
@@ -270,6 +275,10 @@ class FP8LinearHfQuantizer(HfQuantizer):
         if self.quantization_config.backend is not None:
             for name in self.targets:
                 pin_backend(self.quantization_config.backend, name, model.get_submodule(name))
+        release_freed_host_memory()
+        from ..moe.convert import quantize_fused_experts  # fused MoE experts (docs/moe.md): FP8 after loading
+
+        quantize_fused_experts(model, self.scheme, self.quantization_config.ignore)
         groups, ignore = quantized_groups(model)
         # save_pretrained writes this: the compressed-tensors checkpoint of fp8_linear.save_quantized.
         model.config.quantization_config = build_ct_config(groups, ignore, __version__)
