@@ -49,6 +49,8 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(10, "tile128x144_2acc", 144, False, 1, True, split_k=True),  # v10: 6% less operand traffic per FLOP
     KernelConfig(14, "swap128x128_2acc", 128, True, 1, True),  # 7 with A/B swapped (v21)
     KernelConfig(15, "swap128x144_2acc", 144, True, 1, True),  # 10 with A/B swapped (v21)
+    # 3 with two accumulators (k-block i+1 issued before i is promoted): M <= 64 decode tiles (v27)
+    KernelConfig(16, "swap128x64_2acc", 64, True, 1, True, split_k=True),
 )
 #: Config by id.
 CONFIG_BY_ID: dict[int, KernelConfig] = {c.id: c for c in CONFIGS}
@@ -118,6 +120,10 @@ SWAPPED_LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = tuple(
 #: K, which costs at long K; at M = 32 config 2 beats both on every shape.
 SWAP64_MIN_N_BLOCKS = 49
 
+#: The 64-wide swapped tile with two accumulators (config 16, docs/kernel-log.md v27) in place of config 3
+#: for the launches without block scales (config 16 has no block instances).
+SWAP64_DBL_CONFIG = 16
+
 #: Environment override: force one config id for every problem (benchmarks, debugging).
 ENV_CONFIG = "FP8_LINEAR_SM90_CONFIG"
 #: Environment override of the split-K factor (1 = off; an upper bound, see select_splits).
@@ -173,7 +179,8 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
 
     Decode-like M (<= 32, and <= 64 when N has at least SWAP64_MIN_N_BLOCKS row blocks) puts N on
     wgmma's M side (swap A/B) with the narrowest tile that covers M, so no tensor-core work is spent on
-    padding rows. Otherwise the fastest of LARGE_M_CANDIDATES by
+    padding rows (for 32 < M <= 64 the two-accumulator tile SWAP64_DBL_CONFIG, or config 3 with block
+    scales). Otherwise the fastest of LARGE_M_CANDIDATES by
     :func:`estimated_cost` (128 x 128 or 128 x 144 with two accumulators, or 128 x 192).
 
     ``swap_ok``: the launch has a per-tensor scale_a and a 16-bit output, what the swapped large-M
@@ -199,7 +206,7 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
     if m <= 32:
         return CONFIG_BY_ID[2]
     if m <= 64 and -(-n // BLOCK_M) >= SWAP64_MIN_N_BLOCKS:
-        return CONFIG_BY_ID[3]
+        return CONFIG_BY_ID[3 if block else SWAP64_DBL_CONFIG]
     if block:
         return _fastest(BLOCK_LARGE_M_CANDIDATES, m, n, k, num_sms)
     best = _fastest(LARGE_M_CANDIDATES, m, n, k, num_sms)

@@ -23,6 +23,7 @@ inline bool config_info(int id, ConfigInfo& info) {
     case 10: info = {144, false, true, false, "tile128x144_2acc"}; return true;
     case 14: info = {128, true, false, false, "swap128x128_2acc"}; return true;
     case 15: info = {144, true, false, false, "swap128x144_2acc"}; return true;
+    case 16: info = {64, true, true, false, "swap128x64_2acc"}; return true;
     default: return false;
   }
 }
@@ -62,6 +63,9 @@ const char* launch_config(const LaunchArgs& la, cudaStream_t stream, bool split,
       return launch_one<128, true, 1, FA, FB, true>(la, stream);
     case 15:  // swap128x144_2acc
       return launch_one<144, true, 1, FA, FB, true>(la, stream);
+    case 16:  // swap128x64_2acc
+      return split ? launch_one<64, true, 1, FA, FB, true, true>(la, stream)
+                   : launch_one<64, true, 1, FA, FB, true>(la, stream);
     default: return "unknown kernel config";
   }
 }

@@ -106,7 +106,7 @@ def test_can_run_valid_cpu_problem_needs_cuda():
 @pytest.mark.parametrize("m, n, cid, bn, swap", [(1, 4096, 1, 16, True), (16, 4096, 1, 16, True),
                                                   (17, 4096, 2, 32, True), (32, 4096, 2, 32, True),
                                                   (33, 4096, 7, 128, False), (64, 6144, 7, 128, False),
-                                                  (33, 6272, 3, 64, True), (64, 10240, 3, 64, True),
+                                                  (33, 6272, 16, 64, True), (64, 10240, 16, 64, True),
                                                   (65, 4096, 7, 128, False), (4096, 4096, 7, 128, False),
                                                   (8192, 4096, 7, 128, False)])
 def test_select_config(m, n, cid, bn, swap, monkeypatch):
@@ -247,10 +247,10 @@ def test_configs_named_and_unique():
 def test_every_config_is_selected(monkeypatch):
     """No config the shape-based choice never gives (those measured slower live in docs/kernel-log.md)."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
-    picked = {configs.select_config(m, n, k, swap_ok=sw).id
+    picked = {configs.select_config(m, n, k, swap_ok=sw and not blk, block=blk).id
               for m in (1, 16, 32, 64, 65, 128, 512, 2048, 4096, 8192)
               for n, k in ((4096, 4096), (6144, 4096), (28672, 4096), (57344, 8192), (8192, 28672), (6144, 1280))
-              for sw in (False, True)}
+              for sw in (False, True) for blk in (False, True)}
     assert picked == {c.id for c in configs.CONFIGS}
 
 
@@ -310,7 +310,7 @@ def test_select_splits(m, n, k, want, monkeypatch):
 
 def test_select_splits_only_for_configs_with_split_instances(monkeypatch):
     monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
-    assert [c.id for c in configs.CONFIGS if c.split_k] == [1, 2, 3, 7, 10]
+    assert [c.id for c in configs.CONFIGS if c.split_k] == [1, 2, 3, 7, 10, 16]
     for c in configs.CONFIGS:
         if not c.split_k:
             assert configs.select_splits(c, 64, 256, 16384) == 1
