@@ -120,9 +120,17 @@ SWAPPED_LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = tuple(
 #: K, which costs at long K; at M = 32 config 2 beats both on every shape.
 SWAP64_MIN_N_BLOCKS = 49
 
-#: The 64-wide swapped tile with two accumulators (config 16, docs/kernel-log.md v27) in place of config 3
-#: for the launches without block scales (config 16 has no block instances).
+#: The 64-wide swapped tile with two accumulators (config 16, docs/kernel-log.md v27): for 32 < M <= 64
+#: without block scales (it has no block instances) wherever N has at least SWAP64_DBL_MIN_N_BLOCKS row
+#: blocks or K at least SWAP64_DBL_MIN_K; below both (a few small k-blocks per tile) config 7 stays
+#: ahead. Measured (H200, 2026-12-01, `python -m benchmarks.gemm_bench --mode decode --quick --configs 3,16`,
+#: M = 64, us, config 16 / the previous choice): 8B qkv 12.7 / 14.3 (7), o 12.2 / 13.5 (7), down 23.5 /
+#: 26.9 (7, split K), gate_up 36.9 / 38.0 (3); 70B qkv 27.6 / 28.7, o 22.8 / 27.3, gate_up 127.9 / 139.9,
+#: down 62.7 / 82.8 (3); Qwen2.5-0.5B down (N 896, K 4864) 12.6 / 14.6 (7), qkv (1152 x 896) 6.6 / 6.0 and
+#: o (896 x 896) 6.5 / 5.9 (7 ahead).
 SWAP64_DBL_CONFIG = 16
+SWAP64_DBL_MIN_N_BLOCKS = 16
+SWAP64_DBL_MIN_K = 2048
 
 #: Environment override: force one config id for every problem (benchmarks, debugging).
 ENV_CONFIG = "FP8_LINEAR_SM90_CONFIG"
@@ -179,8 +187,8 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
 
     Decode-like M (<= 32, and <= 64 when N has at least SWAP64_MIN_N_BLOCKS row blocks) puts N on
     wgmma's M side (swap A/B) with the narrowest tile that covers M, so no tensor-core work is spent on
-    padding rows (for 32 < M <= 64 the two-accumulator tile SWAP64_DBL_CONFIG, or config 3 with block
-    scales). Otherwise the fastest of LARGE_M_CANDIDATES by
+    padding rows (for 32 < M <= 64 the two-accumulator tile SWAP64_DBL_CONFIG where N or K is large
+    enough, or config 3 with block scales). Otherwise the fastest of LARGE_M_CANDIDATES by
     :func:`estimated_cost` (128 x 128 or 128 x 144 with two accumulators, or 128 x 192).
 
     ``swap_ok``: the launch has a per-tensor scale_a and a 16-bit output, what the swapped large-M
@@ -205,8 +213,10 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
         return CONFIG_BY_ID[1]
     if m <= 32:
         return CONFIG_BY_ID[2]
+    if m <= 64 and not block and (-(-n // BLOCK_M) >= SWAP64_DBL_MIN_N_BLOCKS or k >= SWAP64_DBL_MIN_K):
+        return CONFIG_BY_ID[SWAP64_DBL_CONFIG]
     if m <= 64 and -(-n // BLOCK_M) >= SWAP64_MIN_N_BLOCKS:
-        return CONFIG_BY_ID[3 if block else SWAP64_DBL_CONFIG]
+        return CONFIG_BY_ID[3]
     if block:
         return _fastest(BLOCK_LARGE_M_CANDIDATES, m, n, k, num_sms)
     best = _fastest(LARGE_M_CANDIDATES, m, n, k, num_sms)

@@ -103,9 +103,18 @@ def test_can_run_valid_cpu_problem_needs_cuda():
 
 
 # ---------------------------------------------------------------- config selection
+def test_select_config_small_m_small_problem(monkeypatch):
+    """32 < M <= 64 with few row blocks and short K (Qwen2.5-0.5B's 1152 x 896): config 7, which measured
+    ahead of the 64-wide swapped tiles there (kernels/configs.py SWAP64_DBL_MIN_N_BLOCKS)."""
+    monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
+    assert configs.select_config(64, 1152, 896).id == 7
+    assert configs.select_config(64, 896, 4864).id == configs.SWAP64_DBL_CONFIG  # long K
+    assert configs.select_config(64, 2048, 896).id == configs.SWAP64_DBL_CONFIG  # 16 row blocks
+
+
 @pytest.mark.parametrize("m, n, cid, bn, swap", [(1, 4096, 1, 16, True), (16, 4096, 1, 16, True),
                                                   (17, 4096, 2, 32, True), (32, 4096, 2, 32, True),
-                                                  (33, 4096, 7, 128, False), (64, 6144, 7, 128, False),
+                                                  (33, 4096, 16, 64, True), (64, 6144, 16, 64, True),
                                                   (33, 6272, 16, 64, True), (64, 10240, 16, 64, True),
                                                   (65, 4096, 7, 128, False), (4096, 4096, 7, 128, False),
                                                   (8192, 4096, 7, 128, False)])
