@@ -7,32 +7,17 @@
 #include <memory>
 #include <mutex>
 
+#include "sm90_driver.h"
 #include "sm90_grouped.cuh"
 
 namespace fp8sm90 {
 namespace {
 
-PFN_cuTensorMapEncodeTiled_v12000 grouped_encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess) {
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-    } else {
-      cudaGetLastError();  // clear
-    }
-  });
-  return fn;
-}
-
 // A K-contiguous fp8 operand of `rank` 2 ({K, rows}) or 3 ({K, rows, experts}); strides in bytes of
 // dims 1.. ; box 128 (K) x box_rows (x 1); 128-byte swizzle; out-of-bounds reads are zeros.
 const char* encode_fp8(CUtensorMap* map, const void* ptr, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
                        int box_rows, const char* what) {
-  auto fn = grouped_encode_fn();
+  auto fn = encode_fn();
   if (fn == nullptr) return "cuTensorMapEncodeTiled not found through cudaGetDriverEntryPointByVersion";
   cuuint32_t box[3] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows), 1};
   cuuint32_t estr[3] = {1, 1, 1};
@@ -97,19 +82,7 @@ const char* grouped_gemm(const GroupedArgs& g, cudaStream_t stream) {
   if (g.w_expert_stride % 16 != 0) return "grouped: the experts' weight stride must be a multiple of 16 bytes";
   if ((reinterpret_cast<uintptr_t>(g.x) | reinterpret_cast<uintptr_t>(g.w)) % 16 != 0)
     return "grouped: operand pointers must be 16-byte aligned";
-  {
-    // the driver call below needs a current context on this thread (see sm90_host.cu gemm)
-    thread_local uint64_t ctx_ready = 0;
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess) return cudaGetErrorString(e);
-    const uint64_t bit = uint64_t(1) << (dev & 63);
-    if (!(ctx_ready & bit)) {
-      e = cudaSetDevice(dev);
-      if (e != cudaSuccess) return cudaGetErrorString(e);
-      ctx_ready |= bit;
-    }
-  }
+  if (const char* e = ensure_context()) return e;  // the driver call below needs a current context
   // CUtensorMap needs 64-byte alignment: heap (C++17 aligned new), not the stack
   std::unique_ptr<GroupedLaunch> holder(new GroupedLaunch{});
   GroupedLaunch& gl = *holder;

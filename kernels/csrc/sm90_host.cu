@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 
+#include "sm90_driver.h"
 #include "sm90_launch.cuh"
 
 namespace fp8sm90 {
@@ -16,6 +17,36 @@ extern template const char* launch_config<0, 0>(const LaunchArgs&, cudaStream_t,
 extern template const char* launch_config<0, 1>(const LaunchArgs&, cudaStream_t, bool, bool);
 extern template const char* launch_config<1, 0>(const LaunchArgs&, cudaStream_t, bool, bool);
 extern template const char* launch_config<1, 1>(const LaunchArgs&, cudaStream_t, bool, bool);
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess) {
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    } else {
+      cudaGetLastError();  // clear
+    }
+  });
+  return fn;
+}
+
+const char* ensure_context() {
+  thread_local uint64_t ctx_ready = 0;
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return cudaGetErrorString(e);
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (!(ctx_ready & bit)) {
+    e = cudaSetDevice(dev);
+    if (e != cudaSuccess) return cudaGetErrorString(e);
+    ctx_ready |= bit;
+  }
+  return nullptr;
+}
 
 namespace {
 
@@ -58,22 +89,6 @@ int raster_group_m() {
 int even_waves() {
   const char* v = getenv("FP8_LINEAR_SM90_EVEN_WAVES");
   return v != nullptr && v[0] == '1';
-}
-
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess) {
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-    } else {
-      cudaGetLastError();  // clear
-    }
-  });
-  return fn;
 }
 
 // 2-D map over a [rows, K] K-contiguous fp8 matrix; box = 128 (K) x box_rows, 128-byte swizzle,
@@ -150,22 +165,7 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   if (!config_info(g.config, info)) return "unknown kernel config id (kernels/configs.py CONFIGS)";
   if (g.M <= 0 || g.N <= 0 || g.K <= 0) return "empty problem";
   if (g.K % 16 != 0) return "K must be a multiple of 16";
-  {
-    // cuTensorMapEncodeTiled is a driver call and needs a current context on this thread; a fresh
-    // host thread may have none yet (CUresult 201). cudaSetDevice makes the runtime's primary context
-    // current (CUDA >= 12), once per thread and device; it is no stream operation, so it is also
-    // safe while a stream is being captured.
-    thread_local uint64_t ctx_ready = 0;
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess) return cudaGetErrorString(e);
-    const uint64_t bit = uint64_t(1) << (dev & 63);
-    if (!(ctx_ready & bit)) {
-      e = cudaSetDevice(dev);
-      if (e != cudaSuccess) return cudaGetErrorString(e);
-      ctx_ready |= bit;
-    }
-  }
+  if (const char* e = ensure_context()) return e;
   if ((reinterpret_cast<uintptr_t>(g.a) | reinterpret_cast<uintptr_t>(g.b)) % 16 != 0)
     return "operand pointers must be 16-byte aligned";
   const int bn = info.block_n;
