@@ -5,31 +5,43 @@ Models are built from a config with random weights (full depth by default: 32 / 
 ``FP8Linear.from_linear`` (static presets calibrated by one forward pass on random tokens); the
 embeddings, norms and ``lm_head`` stay BF16. Paths: ``bf16``; every preset on the default backend
 (``ours``: the sm90 kernel where it runs the layer) and on cuBLASLt (``FP8_LINEAR_BACKEND=cublaslt``);
-torchao float8 (dynamic per-row activations and weights) when ``torchao`` imports (else a note).
+torchao float8 (``Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())``: dynamic per-row
+activations and weights, what a transformers user picks with ``TorchAoConfig``) when ``torchao``
+imports (install the wheel first: ``pip install --no-deps .whl/torchao-*.whl``), else a note.
 
 Per path and model:
 
-- prefill tokens/s: one forward of ``[1, --prefill]`` tokens (CUDA events, median of ``--reps``);
-- decode tokens/s at each ``--batches`` size: ``generate`` of ``--new-tokens`` greedy tokens after a
+- prefill tokens/s: one forward of ``[1, --prefill]`` tokens with ``logits_to_keep=1`` as ``generate``
+  runs it (CUDA events, median of ``--reps``);
+- decode at each ``--batches`` size: greedy ``generate`` of ``--new-tokens`` tokens after a
   ``--prompt``-token prompt, eager (dynamic cache) and compiled static cache (``cache_implementation=
-  "static"``: transformers compiles the decode step, CUDA graphs); decode time = generate(N) -
-  generate(1), so TTFT (= generate(1), prefill + first token) is reported apart;
-- the compiled decode step split into the decoder's linear layers (GEMM + activation quantization: the
-  same layers called in order at M = batch, captured in one CUDA graph) and the rest (attention, norms,
-  rotary, sampling, gaps = step - linear);
+  "static"``: transformers compiles the decode step, CUDA graphs). A streamer stamps every token
+  (benchmarks/e2e_decode.py): TTFT is the first token's time, the decode step the median interval
+  between tokens (garbage collection off), tokens/s = batch / step; the first decode step of each
+  compiled call (it re-records the CUDA graph for the call's new static cache) is reported apart;
+- the compiled decode step split three ways: the decoder's linear layers (GEMM + activation
+  quantization: the same layers called in order at M = batch, replayed from one CUDA graph), the rest
+  of the compiled forward (attention, norms, rotary, embeddings, ``lm_head``: transformers' compiled
+  step replayed back to back with its last arguments, minus the linear layers), and ``generate``'s
+  loop around it (sampling, stopping checks, the per-token synchronization: step - forward); the host
+  time of one compiled forward call (guards, CUDA-graph replay) is printed beside it;
 - weight memory (all parameters, and the decoder linears alone) and peak GPU memory;
-- whether the compiled path's first 32 greedy tokens equal eager's, per sequence of the batch (random
-  weights give near-flat logits, so BF16's own row says how often the model itself flips).
+- the first 32 greedy tokens of each compiled run against eager's, per sequence of the batch, and
+  where they diverge, by how much the logits of the two runs differ there (random weights give
+  near-flat logits, so tokens flip at near-ties; BF16's own row says how often the model itself does).
 
-Writes a table and ``benchmarks/results/e2e-<UTC stamp>[-quick].json``.
+Writes a table and ``benchmarks/results/e2e-<UTC stamp>[-quick].json`` (rewritten after every path,
+so a run stopped by a time limit keeps what it measured).
 
-    python -m benchmarks.e2e                      # full depth, both models, every path (about 1 h per model)
+    python -m benchmarks.e2e                      # full depth, both models, every path
     python -m benchmarks.e2e --quick              # ~4 minutes on an H200: 2 layers of the 8B shape
-    python -m benchmarks.e2e --models llama3-8b --layers 8 --presets fp8-dynamic --batches 1,16
+    python -m benchmarks.e2e --models llama3-8b --presets fp8-dynamic --cublaslt fp8-dynamic --budget-s 500
 
-A full-depth run compiles the decode step once per path and batch (about a minute each at 32 layers);
-to fit calls of 10 minutes, split it by preset, e.g. ``--models llama3-8b --presets fp8-dynamic
---cublaslt fp8-dynamic`` (BF16 is measured in every call, so each table carries its own baseline).
+A full-depth run compiles the decode step once per path and batch (tens of seconds each at 32
+layers); ``--budget-s`` skips what would not finish in time (the table and JSON say what was
+skipped), ``--skip-eager`` leaves out the eager decode, and runs split by ``--presets`` / ``--cublaslt``
+/ ``--no-torchao`` / ``--batches`` (BF16 is measured in every call, so each table carries its own
+baseline). docs/serving.md has the commands of a full-depth run in two calls.
 """
 
 from __future__ import annotations
@@ -44,6 +56,13 @@ import torch
 from torch import nn
 
 from fp8_linear import FP8Linear, settings
+
+try:
+    from benchmarks.e2e_decode import (COMPARED_TOKENS, FirstScores, compare_greedy, describe_greedy, replay_forward,
+                                       timed_generate, wrap_compiled_step)
+except ImportError:  # run as a script from benchmarks/
+    from e2e_decode import (COMPARED_TOKENS, FirstScores, compare_greedy, describe_greedy, replay_forward,  # type: ignore
+                            timed_generate, wrap_compiled_step)
 
 #: Config fields of the two model shapes (public config.json values).
 MODELS = {
@@ -107,8 +126,16 @@ def fp8_layers(bf16: dict[str, nn.Linear], preset: str, amax: dict[str, float]) 
     return {n: FP8Linear.from_linear(lin, preset, input_amax=amax[n]) for n, lin in bf16.items()}
 
 
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes held by ``t``; a tensor subclass (torchao's float8 weights) by its inner tensors."""
+    if type(t) not in (torch.Tensor, nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(t, n)) for n in names)
+    return t.numel() * t.element_size()
+
+
 def weight_bytes(modules) -> int:
-    return sum(t.numel() * t.element_size() for m in modules for t in [*m.parameters(), *m.buffers()])
+    return sum(tensor_bytes(t) for m in modules for t in [*m.parameters(), *m.buffers()])
 
 
 # ------------------------------------------------------------------------------------------- timing
@@ -146,31 +173,36 @@ def wall_s(fn) -> float:
     return time.perf_counter() - t0
 
 
-#: Greedy tokens compared between the compiled and the eager path.
-COMPARED_TOKENS = 32
-
-
 def prompt_ids(vocab: int, batch: int, prompt: int) -> torch.Tensor:
     """The same random prompt for every path and mode of one batch size."""
     g = torch.Generator().manual_seed(batch * 7919 + prompt)
     return torch.randint(0, vocab, (batch, prompt), generator=g).to(DEVICE)
 
 
-def generate_times(model, ids: torch.Tensor, new: int, compiled: bool, reps: int) -> dict:
-    """TTFT and decode tokens/s of greedy ``generate`` on ``ids`` (eager dynamic cache, or compiled
-    static cache), and the first :data:`COMPARED_TOKENS` new tokens (``tokens``, on the CPU)."""
-    kw = dict(do_sample=False, cache_implementation="static") if compiled else dict(do_sample=False, disable_compile=True)
+def decode_cell(model, ids: torch.Tensor, new: int, compiled: bool, reps: int) -> tuple[dict, torch.Tensor, list]:
+    """Timings of greedy ``generate`` of ``new`` tokens on ``ids`` (eager dynamic cache, or compiled static
+    cache), plus the first :data:`COMPARED_TOKENS` tokens and their logits (for :func:`compare_greedy`).
 
-    def gen(n):
-        return lambda: model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
-
+    Compiled: the first call compiles and captures (its duration is ``compile_s``) and records the logits;
+    then ``reps`` timed calls (the fastest kept) and the replayed forward. Eager: a short first call
+    records the logits, then the timed calls.
+    """
+    kw = dict(cache_implementation="static") if compiled else dict(disable_compile=True)
+    first = FirstScores(min(COMPARED_TOKENS, new))
     with torch.inference_mode():
-        first = gen(new)()  # warm-up: compiles and captures the decode step
-        ttft = statistics.median(wall_s(gen(1)) for _ in range(reps))
-        full = statistics.median(wall_s(gen(new)) for _ in range(max(1, reps - 1)))
-    step = (full - ttft) / (new - 1)
-    return dict(ttft_ms=ttft * 1e3, step_ms=step * 1e3, decode_tok_s=ids.shape[0] / step,
-                tokens=first[:, ids.shape[1]: ids.shape[1] + COMPARED_TOKENS].cpu())
+        t0 = time.perf_counter()
+        _, tokens = timed_generate(model, ids, new if compiled else first.n, kw, first)
+        warm_s = time.perf_counter() - t0
+        step = wrap_compiled_step(model) if compiled else None
+        runs = [timed_generate(model, ids, new, kw)[0] for _ in range(reps)]
+    if not runs:  # only the tokens were asked for
+        return {}, tokens[:, :first.n], first.scores
+    best = min(runs, key=lambda r: r.get("step_ms", float("inf")))
+    cell = dict(best, decode_tok_s=ids.shape[0] / best["step_ms"] * 1e3 if best.get("step_ms") else None,
+                **({"compile_s": warm_s} if compiled else {}))
+    if compiled:
+        cell.update(replay_forward(step))
+    return cell, tokens[:, :first.n], first.scores
 
 
 def linear_step_ms(modules: list[nn.Module], batch: int) -> float:
@@ -230,8 +262,9 @@ def reset_compiled(model) -> None:
         torch.cuda.empty_cache()
 
 
-def run_path(model, label: str, args, batches: list[int]) -> dict:
-    """Every measurement of one path on ``model`` as it is now (its linear layers already swapped in)."""
+def run_path(model, label: str, args, batches: list[int], clock=None) -> dict:
+    """Every measurement of one path on ``model`` as it is now (its linear layers already swapped in).
+    ``clock`` (a :class:`Budget`) skips the compiled cells that would not finish in time."""
     lin = list(decoder_linears(model).values())
     backends = sorted({m.backend for m in lin if isinstance(m, FP8Linear)}) or ["bf16"]
     row = dict(path=label, backends=backends, weight_gb=weight_bytes([model]) / 1e9,
@@ -240,25 +273,39 @@ def run_path(model, label: str, args, batches: list[int]) -> dict:
         torch.cuda.reset_peak_memory_stats()
     ids = torch.randint(0, model.config.vocab_size, (1, args.prefill), device=DEVICE)
     with torch.inference_mode():
-        row["prefill_tok_s"] = args.prefill / cuda_ms(lambda: model(ids), args.reps) * 1e3
+        row["prefill_tok_s"] = args.prefill / cuda_ms(lambda: model(ids, logits_to_keep=1), args.reps) * 1e3
     row["decode"] = {}
     for b in batches:
-        cell = {}
+        cell, greedy = {}, {}
         ids = prompt_ids(model.config.vocab_size, b, args.prompt)
         for mode, compiled in (("eager", False), ("compiled", True)):
+            if mode == "eager" and args.skip_eager:
+                continue
+            if compiled and clock is not None and not clock.allows_compile():
+                cell[mode] = dict(error=f"skipped: {clock.why()}")
+                continue
             reset_compiled(model)
             try:
-                cell[mode] = generate_times(model, ids, args.new_tokens, compiled, args.reps)
+                cell[mode], *greedy[mode] = decode_cell(model, ids, args.new_tokens, compiled, max(1, args.reps))
+                if compiled and clock is not None:
+                    clock.compiled(cell[mode].get("compile_s", 0.0))
             except Exception as e:  # noqa: BLE001 - a path that cannot run is reported, not fatal
-                cell[mode] = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-        toks = [cell[m].pop("tokens", None) for m in ("eager", "compiled")]
+                cell[mode] = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        if "eager" not in greedy and "compiled" in greedy:
+            # --skip-eager: the eager reference tokens still come from a short eager run
+            with contextlib.suppress(Exception):
+                _, *greedy["eager"] = decode_cell(model, ids, min(COMPARED_TOKENS, args.new_tokens), False, 0)
+        cmp = compare_greedy(*greedy["eager"], *greedy["compiled"]) if len(greedy) == 2 else None
+        cell["greedy"] = cmp
         # rows (sequences of the batch) whose first COMPARED_TOKENS greedy tokens agree, compiled vs eager
-        cell["same_tokens_rows"] = (None if any(t is None for t in toks)
-                                    else f"{int((toks[0] == toks[1]).all(dim=1).sum())}/{b}")
+        cell["same_tokens_rows"] = cmp["rows"] if cmp else None
         lin_ms = linear_step_ms(lin, b)
-        step = cell["compiled"].get("step_ms")
+        comp = cell.get("compiled", {})
+        step, fwd = comp.get("step_ms"), comp.get("forward_ms")
         cell["linear_ms"] = lin_ms
         cell["rest_ms"] = None if step is None else step - lin_ms
+        cell["forward_rest_ms"] = None if fwd is None else fwd - lin_ms
+        cell["loop_ms"] = None if fwd is None or step is None else step - fwd
         row["decode"][str(b)] = cell
         print(f"  {label} batch {b}: {fmt_cell(cell)}", flush=True)
     row["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9 if _cuda() else float("nan")
@@ -266,14 +313,40 @@ def run_path(model, label: str, args, batches: list[int]) -> dict:
     return row
 
 
+class Budget:
+    """Wall-clock budget of a run: a compiled cell starts only if the slowest compile seen so far (or
+    :attr:`first_guess_s` before any) still fits, with :attr:`reserve_s` left for the rest."""
+
+    def __init__(self, seconds: float | None, first_guess_s: float, reserve_s: float = 30.0):
+        self.seconds, self.first_guess_s, self.reserve_s = seconds, first_guess_s, reserve_s
+        self.t0 = time.perf_counter()
+        self.slowest = 0.0
+
+    def left(self) -> float:
+        return float("inf") if self.seconds is None else self.seconds - (time.perf_counter() - self.t0)
+
+    def allows_compile(self) -> bool:
+        return self.left() > (self.slowest or self.first_guess_s) + self.reserve_s
+
+    def compiled(self, seconds: float) -> None:
+        self.slowest = max(self.slowest, seconds)
+
+    def why(self) -> str:
+        return f"--budget-s {self.seconds:.0f}: {max(self.left(), 0):.0f} s left, a compile took up to {self.slowest or self.first_guess_s:.0f} s"
+
+
 def torchao_layers(model):
     """Quantize ``model``'s decoder linears with torchao float8 (dynamic per-row), or return the reason it cannot."""
     try:
         from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
     except Exception as e:  # noqa: BLE001 - torchao absent or too old
-        return f"torchao not importable ({type(e).__name__}: {e})"
-    quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
-              filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and "lm_head" not in fqn)
+        return (f"torchao not importable ({type(e).__name__}: {e}); install the wheel first: "
+                f"pip install --no-deps .whl/torchao-*.whl")
+    try:
+        quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+                  filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and "lm_head" not in fqn)
+    except Exception as e:  # noqa: BLE001 - e.g. no FP8 GPU
+        return f"torchao float8 could not quantize the model ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
     return None
 
 
@@ -281,24 +354,44 @@ def torchao_layers(model):
 def fmt_cell(cell: dict) -> str:
     parts = []
     for mode in ("eager", "compiled"):
-        c = cell.get(mode, {})
-        parts.append(f"{mode} {c['decode_tok_s']:.0f} tok/s (TTFT {c['ttft_ms']:.0f} ms)" if "decode_tok_s" in c
-                     else f"{mode} {c.get('error', '-')}")
+        c = cell.get(mode)
+        if c is None:
+            continue
+        if c.get("decode_tok_s"):
+            extra = f", compile + first call {c['compile_s']:.0f} s, first step {c['first_step_ms']:.1f} ms" if "compile_s" in c else ""
+            parts.append(f"{mode} {c['decode_tok_s']:.0f} tok/s (step {c['step_ms']:.2f} ms, TTFT {c['ttft_ms']:.0f} ms{extra})")
+        else:
+            parts.append(f"{mode} {c.get('error', '-')}")
+    comp = cell.get("compiled", {})
     if cell.get("rest_ms") is not None:
-        parts.append(f"step {cell['compiled']['step_ms']:.2f} ms = linear {cell['linear_ms']:.2f} + rest {cell['rest_ms']:.2f}")
-    if cell.get("same_tokens_rows") is not None:
-        parts.append(f"first {COMPARED_TOKENS} greedy tokens compiled == eager in {cell['same_tokens_rows']} rows")
+        text = f"step {comp['step_ms']:.2f} ms = linear {cell['linear_ms']:.2f} + rest {cell['rest_ms']:.2f}"
+        if cell.get("forward_rest_ms") is not None:
+            text += (f" (rest of the forward {cell['forward_rest_ms']:.2f} + generate loop {cell['loop_ms']:.2f};"
+                     f" forward {comp['forward_ms']:.2f} ms GPU, {comp['forward_host_ms']:.2f} ms host per call)")
+        parts.append(text)
+    parts.append(describe_greedy(cell.get("greedy")))
     return "; ".join(parts)
 
 
 def print_table(model_name: str, layers: int, rows: list[dict], batches: list[int]) -> None:
     base = rows[0]
-    print(f"\n{model_name}-shaped, {layers} decoder layers, random weights; prefill of {rows[0].get('prefill')} tokens;"
-          f" decode: tok/s and x BF16 per batch (eager, compiled static cache), the compiled step's linear layers"
-          f" (ms, x BF16's) and the rest (ms)")
+    print(f"\n{model_name}-shaped, {layers} decoder layers, random weights; prefill of {base.get('prefill')} tokens;"
+          f" decode after a prompt: tok/s and x BF16 per batch (eager, compiled static cache); the compiled step split"
+          f" into the linear layers (ms, BF16's / ours), the rest of the forward (ms) and generate's loop (ms);"
+          f" greedy: rows whose first {COMPARED_TOKENS} tokens compiled == eager")
+
+    def tps(cell, mode):
+        return (cell.get(mode) or {}).get("decode_tok_s")
+
+    def ratio(a, b_):
+        return f"{a / b_:>5.2f}" if a and b_ else f"{'-':>5}"
+
+    def num(v, width=6, prec=2):
+        return f"{v:>{width}.{prec}f}" if isinstance(v, (int, float)) else f"{'-':>{width}}"
+
     head = f"{'path':<22} {'backend':<10} {'prefill tok/s':>13} {'x':>5}"
     for b in batches:
-        head += f" | b{b} eager {'x':>5} compiled {'x':>5} lin ms  x   rest ms"
+        head += f" | b{b} eager {'x':>5} compiled {'x':>5} lin ms  x    fwd-rest loop  greedy"
     print(head + " | weights GB (linears)  peak GB")
     for r in rows:
         if "error" in r:
@@ -307,18 +400,26 @@ def print_table(model_name: str, layers: int, rows: list[dict], batches: list[in
         line = f"{r['path']:<22} {','.join(r['backends']):<10} {r['prefill_tok_s']:>13.0f} {r['prefill_tok_s'] / base['prefill_tok_s']:>5.2f}"
         for b in batches:
             c, c0 = r["decode"][str(b)], base["decode"][str(b)]
-
-            def tps(cell, mode):
-                return cell.get(mode, {}).get("decode_tok_s")
-
-            def ratio(a, b_):
-                return f"{a / b_:>5.2f}" if a and b_ else f"{'-':>5}"
-
             e, ce = tps(c, "eager"), tps(c, "compiled")
             line += (f" | {e or 0:>8.0f} {ratio(e, tps(c0, 'eager'))} {ce or 0:>8.0f} {ratio(ce, tps(c0, 'compiled'))}"
-                     f" {c['linear_ms']:>6.2f} {ratio(c0['linear_ms'], c['linear_ms'])}"
-                     f" {c['rest_ms'] if c['rest_ms'] is not None else float('nan'):>6.2f}")
-        print(line + f" | {r['weight_gb']:>6.2f} ({r['linear_weight_gb']:.2f}) {r['peak_gb']:>8.1f}")
+                     f" {num(c['linear_ms'])} {ratio(c0['linear_ms'], c['linear_ms'])} {num(c.get('forward_rest_ms'), 8)}"
+                     f" {num(c.get('loop_ms'), 5)}  {c.get('same_tokens_rows') or '-':>6}")
+        print(line + f" | {r['weight_gb']:>6.2f} ({r['linear_weight_gb']:.2f}) {num(r['peak_gb'], 8, 1)}")
+
+
+def save(results: dict, notes: list[str], args, previous=None):
+    """Write the JSON of everything measured so far (replacing the file ``previous`` of an earlier call)."""
+    try:
+        from benchmarks.common.results import environment, write_json
+    except ImportError:  # run as a script: no results writer, print only
+        return None
+    path = write_json("e2e", environment({"args": vars(args), "notes": notes}),
+                      {m: {r["path"]: r.get("decode") for r in v["rows"]} for m, v in results.items()},
+                      [dict(model=m, **r) for m, v in results.items() for r in v["rows"]], args.out,
+                      "quick" if args.quick else "")
+    if previous is not None and previous != path:
+        previous.unlink(missing_ok=True)
+    return path
 
 
 def main(argv=None) -> int:
@@ -326,6 +427,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's full depth)")
     ap.add_argument("--presets", default=",".join(PRESETS))
+    ap.add_argument("--ours", default=None, help="presets run on the default backend (default: every preset)")
     ap.add_argument("--cublaslt", default=None, help="presets also run on cuBLASLt (default: every preset)")
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--prefill", type=int, default=2048)
@@ -333,6 +435,11 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-torchao", action="store_true")
+    ap.add_argument("--skip-eager", action="store_true", help="leave out the eager decode (its 32 reference tokens still run)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="wall-clock budget: compiled cells that would not finish in time are skipped (and listed)")
+    ap.add_argument("--compile-guess-s", type=float, default=60.0,
+                    help="with --budget-s: the compile time assumed before the first one is measured")
     ap.add_argument("--quick", action="store_true", help="a short run: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     ap.add_argument("--tiny", action="store_true", help="small models of the same architectures (checks the script)")
@@ -348,7 +455,9 @@ def main(argv=None) -> int:
     batches = [int(b) for b in str(args.batches).split(",")]
     presets = [p for p in args.presets.split(",") if p]
     on_cublaslt = presets if args.cublaslt is None else [p for p in args.cublaslt.split(",") if p]
-    notes, results = [], {}
+    on_ours = presets if args.ours is None else [p for p in args.ours.split(",") if p]
+    notes, results, path = [], {}, None
+    clock = Budget(args.budget_s, args.compile_guess_s)
     for name in args.models.split(","):
         model = build_model(name, args.layers, args.tiny)
         layers = model.config.num_hidden_layers
@@ -357,39 +466,40 @@ def main(argv=None) -> int:
             notes.append(f"{name}: {layers} of {full} decoder layers (--layers)")
         bf16 = dict(decoder_linears(model))
         amax = calibrate(model)
-        rows = [dict(run_path(model, "bf16", args, batches), prefill=args.prefill)]
+        rows = [dict(run_path(model, "bf16", args, batches, clock), prefill=args.prefill)]
+        results[name] = dict(layers=layers, rows=rows)
+        path = save(results, notes, args, path)
         for preset in presets:
-            for backend in [None] + (["cublaslt"] if preset in on_cublaslt else []):
+            for backend in ([None] if preset in on_ours else []) + (["cublaslt"] if preset in on_cublaslt else []):
                 label = f"{preset} {'cublaslt' if backend else 'ours'}"
                 try:
                     with forced_backend(backend):
                         swap_in(model, fp8_layers(bf16, preset, amax))
-                        rows.append(run_path(model, label, args, batches))
+                        rows.append(run_path(model, label, args, batches, clock))
                 except Exception as e:  # noqa: BLE001 - e.g. a forced backend that cannot run a preset
                     rows.append(dict(path=label, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"))
                 swap_in(model, bf16)
                 reset_compiled(model)
+                path = save(results, notes, args, path)
         if not args.no_torchao:
             why = torchao_layers(model)
             if why is None:
-                rows.append(run_path(model, "torchao float8 rowwise", args, batches))
+                rows.append(run_path(model, "torchao float8 rowwise", args, batches, clock))
             elif f"torchao column skipped: {why}" not in notes:
                 notes.append(f"torchao column skipped: {why}")
-        results[name] = dict(layers=layers, rows=rows)
+            path = save(results, notes, args, path)
         print_table(name, layers, rows, batches)
+        for r in rows:
+            for b, cell in (r.get("decode") or {}).items():
+                print(f"  greedy, {r['path']}, batch {b}: {describe_greedy(cell.get('greedy'))}")
         del model, bf16
         reset_compiled(None)
     for n in notes:
         print("note:", n)
-    try:
-        from benchmarks.common.results import environment, write_json
-    except ImportError:  # run as a script: no results writer, print only
-        return 0
-    path = write_json("e2e", environment({"args": vars(args), "notes": notes}),
-                      {m: {r["path"]: r.get("decode") for r in v["rows"]} for m, v in results.items()},
-                      [dict(model=m, **r) for m, v in results.items() for r in v["rows"]], args.out,
-                      "quick" if args.quick else "")
-    print(f"wrote {path}")
+    print(f"total {time.perf_counter() - clock.t0:.0f} s")
+    path = save(results, notes, args, path)
+    if path is not None:
+        print(f"wrote {path}")
     return 0
 
 

@@ -1,0 +1,182 @@
+"""Decode measurements of ``benchmarks/e2e.py``: per-token clocks, the greedy-token comparison, and the
+split of a compiled decode step into the forward (GPU and host) and the rest of ``generate``'s loop.
+
+- :class:`StepClock` (a ``generate`` streamer) stamps the host clock at every token ``generate`` emits:
+  TTFT is the first token's stamp, a decode step the interval between two stamps (``generate``
+  synchronizes with the GPU once per token, so the interval is the step's wall time). The median
+  interval is the steady step: the first decode step of each ``generate`` call, which re-records
+  the CUDA graph for the call's new static cache, is reported apart (``first_step_ms``).
+- :class:`FirstScores` (a logits processor that changes nothing) keeps the raw logits of the first
+  :data:`COMPARED_TOKENS` steps on the host, and :func:`compare_greedy` compares a compiled run's
+  tokens with eager's: rows identical for all compared tokens, and for the others where they diverge
+  and by how much the two logit vectors differ there (in units of the logits' standard deviation). On
+  random weights the logits are near-flat, so greedy tokens flip wherever the eager top-2 margin is
+  below the compiled-vs-eager difference (a near-tie); BF16's own row says how often that happens.
+- :class:`LastCall` wraps transformers' compiled decode step (``model._compiled_call``) to keep the
+  arguments of its last call; :func:`replay_forward` replays that call back to back (the same graph,
+  no recompile) and returns its GPU time and host time per call.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+
+import torch
+
+#: Greedy tokens compared between the compiled and the eager path.
+COMPARED_TOKENS = 32
+#: Back-to-back replays of the compiled decode step (after one untimed).
+REPLAYS = 10
+#: A replay slower than this (seconds) means the call recompiled: its figures are dropped.
+REPLAY_RECOMPILED_S = 2.0
+
+
+class StepClock:
+    """A ``generate`` streamer that records ``time.perf_counter()`` at each ``put`` (the prompt, then each token)."""
+
+    def __init__(self):
+        self.stamps: list[float] = []
+
+    def put(self, value) -> None:  # noqa: ARG002 - the tokens themselves are not needed
+        self.stamps.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+    def timings(self, t0: float) -> dict:
+        """TTFT (``t0`` -> first new token) and the decode-step intervals of one ``generate`` call, in ms."""
+        new = self.stamps[1:]  # stamps[0] is the prompt
+        steps = [(b - a) * 1e3 for a, b in zip(new, new[1:])]
+        out = dict(ttft_ms=(new[0] - t0) * 1e3 if new else float("nan"))
+        if steps:
+            out.update(step_ms=statistics.median(steps), first_step_ms=steps[0],
+                       mean_step_ms=statistics.fmean(steps))
+        return out
+
+
+class FirstScores:
+    """A logits processor that keeps (on the host, fp32) the raw logits ``[batch, vocab]`` of the first ``n`` steps."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.scores: list[torch.Tensor] = []
+
+    def __call__(self, input_ids, scores):
+        if len(self.scores) < self.n:
+            self.scores.append(scores.detach().float().cpu())
+        return scores
+
+
+def timed_generate(model, ids: torch.Tensor, new: int, kw: dict, scores: FirstScores | None = None) -> tuple[dict, torch.Tensor]:
+    """One greedy ``generate`` of ``new`` tokens with a :class:`StepClock` (garbage collection off while it
+    runs); returns its timings and the new tokens ``[batch, new]`` (on the host)."""
+    from transformers import LogitsProcessorList
+
+    clock = StepClock()
+    extra = dict(logits_processor=LogitsProcessorList([scores])) if scores is not None else {}
+    gc.collect()
+    gc.disable()
+    try:
+        if torch.cuda.is_available() and ids.is_cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, streamer=clock, **kw, **extra)
+    finally:
+        gc.enable()
+    return clock.timings(t0), out[:, ids.shape[1]:].cpu()
+
+
+def compare_greedy(eager_tokens: torch.Tensor, eager_scores: list[torch.Tensor], tokens: torch.Tensor,
+                   scores: list[torch.Tensor]) -> dict:
+    """Compiled (``tokens`` ``[b, T]``, ``scores``: T x ``[b, V]``) against eager over the first
+    ``n = min(T, len(scores))`` tokens.
+
+    Returns ``rows`` (``"identical/b"``), ``diverged`` (per row that differs: the step, the eager margin
+    between its token and the compiled one, and the largest |compiled - eager| logit difference there,
+    both over the eager logits' standard deviation) and ``logit_diff`` (the largest such difference
+    over every step where the two runs still had the same prefix).
+    """
+    n = min(eager_tokens.shape[1], tokens.shape[1], len(eager_scores), len(scores))
+    e_tok, c_tok = eager_tokens[:, :n], tokens[:, :n]
+    same = e_tok == c_tok
+    e, c = torch.stack(eager_scores[:n]), torch.stack(scores[:n])  # [n, b, V] fp32
+    sd = e.std(dim=-1)
+    diff = (c - e).abs().amax(dim=-1) / sd  # [n, b]
+    # step p of a row is comparable while the prefix before it is shared: up to and including its first divergence
+    first_bad = torch.where(same.all(dim=1), n - 1, (~same).int().argmax(dim=1))  # [b]
+    shared = torch.arange(n)[:, None] <= first_bad[None, :]
+    diverged = []
+    for r in (~same.all(dim=1)).nonzero().flatten().tolist():
+        p = int(first_bad[r])
+        margin = float(e[p, r, e_tok[r, p]] - e[p, r, c_tok[r, p]]) / float(sd[p, r])
+        diverged.append(dict(row=r, step=p, margin=margin, logit_diff=float(diff[p, r])))
+    worst = float(diff[shared].max()) if n else 0.0
+    return dict(rows=f"{int(same.all(dim=1).sum())}/{e_tok.shape[0]}", tokens=n, diverged=diverged, logit_diff=worst)
+
+
+def describe_greedy(cmp: dict | None) -> str:
+    """One line: identical rows, and where the others diverge (near-ties or not)."""
+    if not cmp:
+        return "greedy tokens not compared"
+    text = f"first {cmp['tokens']} greedy tokens compiled == eager in {cmp['rows']} rows"
+    if cmp["diverged"]:
+        steps = sorted(d["step"] for d in cmp["diverged"])
+        ties = all(d["margin"] <= 2 * d["logit_diff"] for d in cmp["diverged"])
+        margin = max(d["margin"] for d in cmp["diverged"])
+        text += (f" (the others diverge at steps {steps[:6]}{'...' if len(steps) > 6 else ''}, where eager's margin "
+                 f"between the two tokens is <= {margin:.3f} sd: {'near-ties' if ties else 'NOT explained by the logit difference'})")
+    return text + f"; max |compiled - eager| logits {cmp['logit_diff']:.3f} sd"
+
+
+class LastCall:
+    """Wraps a callable and keeps the arguments of its last call (to replay transformers' compiled step)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.args: tuple = ()
+        self.kwargs: dict | None = None
+
+    def __call__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+        return self.fn(*args, **kwargs)
+
+
+def wrap_compiled_step(model) -> LastCall | None:
+    """Install a :class:`LastCall` around ``model._compiled_call`` (transformers' compiled decode step,
+    which ``get_compiled_call`` hands back while the compile config is unchanged); ``None`` if there is none."""
+    fn = model.__dict__.get("_compiled_call")
+    if fn is None:
+        return None
+    if not isinstance(fn, LastCall):
+        fn = LastCall(fn)
+        model.__dict__["_compiled_call"] = fn
+    return fn
+
+
+def replay_forward(call: LastCall | None) -> dict:
+    """GPU ms and host ms per call of :data:`REPLAYS` back-to-back replays of ``call``'s last call (one
+    synchronization at the end: where the host is faster than the GPU the first figure is GPU time)."""
+    if call is None or call.kwargs is None or not torch.cuda.is_available():
+        return {}
+    with torch.inference_mode(), torch.no_grad():
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call.fn(*call.args, **call.kwargs)
+        torch.cuda.synchronize()
+        if time.perf_counter() - t0 > REPLAY_RECOMPILED_S:
+            return dict(replay_note="the replayed step recompiled; figures dropped")
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        gc.disable()
+        try:
+            start.record()
+            t0 = time.perf_counter()
+            for _ in range(REPLAYS):
+                call.fn(*call.args, **call.kwargs)
+            host = (time.perf_counter() - t0) / REPLAYS
+            end.record()
+            torch.cuda.synchronize()
+        finally:
+            gc.enable()
+    return dict(forward_ms=start.elapsed_time(end) / REPLAYS, forward_host_ms=host * 1e3)
