@@ -262,11 +262,12 @@ def reset_compiled(model) -> None:
         torch.cuda.empty_cache()
 
 
-def run_path(model, label: str, args, batches: list[int], clock=None) -> dict:
+def run_path(model, label: str, args, batches: list[int], clock=None, kind: str = "bf16") -> dict:
     """Every measurement of one path on ``model`` as it is now (its linear layers already swapped in).
-    ``clock`` (a :class:`Budget`) skips the compiled cells that would not finish in time."""
+    ``clock`` (a :class:`Budget`) skips the compiled cells that would not finish in time; ``kind`` names
+    the linear layers when they are not ``FP8Linear`` (``bf16``, ``torchao``)."""
     lin = list(decoder_linears(model).values())
-    backends = sorted({m.backend for m in lin if isinstance(m, FP8Linear)}) or ["bf16"]
+    backends = sorted({m.backend for m in lin if isinstance(m, FP8Linear)}) or [kind]
     row = dict(path=label, backends=backends, weight_gb=weight_bytes([model]) / 1e9,
                linear_weight_gb=weight_bytes(lin) / 1e9)
     if _cuda():
@@ -299,12 +300,15 @@ def run_path(model, label: str, args, batches: list[int], clock=None) -> dict:
         cell["greedy"] = cmp
         # rows (sequences of the batch) whose first COMPARED_TOKENS greedy tokens agree, compiled vs eager
         cell["same_tokens_rows"] = cmp["rows"] if cmp else None
-        lin_ms = linear_step_ms(lin, b)
+        try:
+            lin_ms = linear_step_ms(lin, b)
+        except Exception as e:  # noqa: BLE001 - e.g. layers that cannot be captured in a CUDA graph
+            lin_ms, cell["linear_error"] = None, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         comp = cell.get("compiled", {})
         step, fwd = comp.get("step_ms"), comp.get("forward_ms")
         cell["linear_ms"] = lin_ms
-        cell["rest_ms"] = None if step is None else step - lin_ms
-        cell["forward_rest_ms"] = None if fwd is None else fwd - lin_ms
+        cell["rest_ms"] = None if step is None or lin_ms is None else step - lin_ms
+        cell["forward_rest_ms"] = None if fwd is None or lin_ms is None else fwd - lin_ms
         cell["loop_ms"] = None if fwd is None or step is None else step - fwd
         row["decode"][str(b)] = cell
         print(f"  {label} batch {b}: {fmt_cell(cell)}", flush=True)
@@ -402,7 +406,7 @@ def print_table(model_name: str, layers: int, rows: list[dict], batches: list[in
             c, c0 = r["decode"][str(b)], base["decode"][str(b)]
             e, ce = tps(c, "eager"), tps(c, "compiled")
             line += (f" | {e or 0:>8.0f} {ratio(e, tps(c0, 'eager'))} {ce or 0:>8.0f} {ratio(ce, tps(c0, 'compiled'))}"
-                     f" {num(c['linear_ms'])} {ratio(c0['linear_ms'], c['linear_ms'])} {num(c.get('forward_rest_ms'), 8)}"
+                     f" {num(c.get('linear_ms'))} {ratio(c0.get('linear_ms'), c.get('linear_ms'))} {num(c.get('forward_rest_ms'), 8)}"
                      f" {num(c.get('loop_ms'), 5)}  {c.get('same_tokens_rows') or '-':>6}")
         print(line + f" | {r['weight_gb']:>6.2f} ({r['linear_weight_gb']:.2f}) {num(r['peak_gb'], 8, 1)}")
 
@@ -484,7 +488,10 @@ def main(argv=None) -> int:
         if not args.no_torchao:
             why = torchao_layers(model)
             if why is None:
-                rows.append(run_path(model, "torchao float8 rowwise", args, batches, clock))
+                try:
+                    rows.append(run_path(model, "torchao float8 rowwise", args, batches, clock, kind="torchao"))
+                except Exception as e:  # noqa: BLE001 - reported as the row, the run goes on
+                    rows.append(dict(path="torchao float8 rowwise", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
             elif f"torchao column skipped: {why}" not in notes:
                 notes.append(f"torchao column skipped: {why}")
             path = save(results, notes, args, path)
