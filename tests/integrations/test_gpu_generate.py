@@ -58,6 +58,20 @@ def bf16_model():
     return model
 
 
+@pytest.fixture(scope="module")
+def prompts() -> torch.Tensor:
+    return random_ids((BATCH, PROMPT), vocab=LLAMA_1B_SHAPED["vocab_size"], seed=5).cuda()
+
+
+@pytest.fixture(scope="module")
+def bf16_runs(bf16_model, prompts):
+    """BF16's eager and compiled runs on the prompts (the reference of every preset)."""
+    torch._dynamo.reset()
+    runs = _generate(bf16_model, prompts, compiled=False), _generate(bf16_model, prompts, compiled=True)
+    torch._dynamo.reset()
+    return runs
+
+
 def _fp8(model, preset: str, ids: torch.Tensor):
     """A copy of ``model`` with every decoder Linear as ``FP8Linear.from_linear`` (static presets calibrated on ``ids``)."""
     import copy
@@ -102,11 +116,10 @@ def _agreement(eager, compiled) -> tuple[int, list[float], list[int]]:
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
                     reason="needs a CUDA GPU with FP8 (compute capability >= 8.9)")
 @pytest.mark.parametrize("preset", PRESETS)
-def test_compiled_greedy_tokens_agree_with_eager(bf16_model, preset):
-    ids = random_ids((BATCH, PROMPT), vocab=LLAMA_1B_SHAPED["vocab_size"], seed=5).cuda()
-    torch._dynamo.reset()
-    ref_eager = _generate(bf16_model, ids, compiled=False)
-    ref_same, ref_diffs, ref_first = _agreement(ref_eager, _generate(bf16_model, ids, compiled=True))
+def test_compiled_greedy_tokens_agree_with_eager(bf16_model, prompts, bf16_runs, preset):
+    ids = prompts
+    ref_eager = bf16_runs[0]
+    ref_same, ref_diffs, ref_first = _agreement(*bf16_runs)
     torch._dynamo.reset()
     model = _fp8(bf16_model, preset, ids)
     eager = _generate(model, ids, compiled=False)
