@@ -25,7 +25,8 @@ Per path and model:
   step replayed back to back with its last arguments, minus the linear layers), and ``generate``'s
   loop around it (sampling, stopping checks, the per-token synchronization: step - forward); the host
   time of one compiled forward call (guards, CUDA-graph replay) is printed beside it;
-- weight memory (all parameters, and the decoder linears alone) and peak GPU memory;
+- weight memory (all parameters, and the decoder linears alone) and peak GPU memory (of the path's
+  model: the BF16 linear layers kept aside while an FP8 path runs are left out);
 - the first 32 greedy tokens of each compiled run against eager's, per sequence of the batch, and
   where they diverge, by how much the logits of the two runs differ there (random weights give
   near-flat logits, so tokens flip at near-ties; BF16's own row says how often the model itself does).
@@ -262,10 +263,11 @@ def reset_compiled(model) -> None:
         torch.cuda.empty_cache()
 
 
-def run_path(model, label: str, args, batches: list[int], clock=None, kind: str = "bf16") -> dict:
+def run_path(model, label: str, args, batches: list[int], clock=None, kind: str = "bf16", held_bytes: int = 0) -> dict:
     """Every measurement of one path on ``model`` as it is now (its linear layers already swapped in).
     ``clock`` (a :class:`Budget`) skips the compiled cells that would not finish in time; ``kind`` names
-    the linear layers when they are not ``FP8Linear`` (``bf16``, ``torchao``)."""
+    the linear layers when they are not ``FP8Linear`` (``bf16``, ``torchao``); ``held_bytes``: GPU memory
+    held outside the model (the BF16 linear layers kept for the next path), left out of the peak."""
     lin = list(decoder_linears(model).values())
     backends = sorted({m.backend for m in lin if isinstance(m, FP8Linear)}) or [kind]
     row = dict(path=label, backends=backends, weight_gb=weight_bytes([model]) / 1e9,
@@ -312,7 +314,7 @@ def run_path(model, label: str, args, batches: list[int], clock=None, kind: str 
         cell["loop_ms"] = None if fwd is None or step is None else step - fwd
         row["decode"][str(b)] = cell
         print(f"  {label} batch {b}: {fmt_cell(cell)}", flush=True)
-    row["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9 if _cuda() else float("nan")
+    row["peak_gb"] = (torch.cuda.max_memory_allocated() - held_bytes) / 1e9 if _cuda() else float("nan")
     reset_compiled(model)
     return row
 
@@ -479,7 +481,7 @@ def main(argv=None) -> int:
                 try:
                     with forced_backend(backend):
                         swap_in(model, fp8_layers(bf16, preset, amax))
-                        rows.append(run_path(model, label, args, batches, clock))
+                        rows.append(run_path(model, label, args, batches, clock, held_bytes=weight_bytes(bf16.values())))
                 except Exception as e:  # noqa: BLE001 - e.g. a forced backend that cannot run a preset
                     rows.append(dict(path=label, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"))
                 swap_in(model, bf16)
