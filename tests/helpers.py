@@ -95,3 +95,15 @@ def scale_shape_for(kind: str, rows: int, k: int) -> tuple[int, ...]:
         "group": (rows, math.ceil(k / BLOCK)),
         "block": (math.ceil(rows / BLOCK), math.ceil(k / BLOCK)),
     }[kind]
+
+
+def cpu_scaled_mm_available() -> bool:
+    """Whether this torch runs ``torch._scaled_mm`` on CPU tensors. Its oneDNN FP8 matmul needs AVX512-FP16
+    (Sapphire Rapids and later): on AVX2 and on AVX-512 CPUs without FP16 it raises "could not create a
+    primitive descriptor for the matmul primitive" (``ONEDNN_MAX_CPU_ISA=AVX2`` shows it on any CPU)."""
+    a = torch.zeros(16, 16).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(()), scale_b=torch.ones(()), out_dtype=torch.float32)
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+    return True

@@ -8,22 +8,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import KERNEL_FLOOR, calc_diff, gemm_ref64, random_fp8, random_scale, rounding_bar, scale_shape_for
+from helpers import (KERNEL_FLOOR, calc_diff, cpu_scaled_mm_available, gemm_ref64, random_fp8, random_scale, rounding_bar,
+                     scale_shape_for)
 
 from fp8_linear.backends.cublaslt import CublasLtBackend
 from fp8_linear.gemm import make_problem
 
 
-def _cpu_scaled_mm_available() -> bool:
-    a = torch.zeros(16, 16).to(torch.float8_e4m3fn)
-    try:
-        torch._scaled_mm(a, a.t(), scale_a=torch.ones(()), scale_b=torch.ones(()), out_dtype=torch.float32)
-    except (RuntimeError, NotImplementedError, AttributeError):
-        return False
-    return True
-
-
-needs_cpu_scaled_mm = pytest.mark.skipif(not _cpu_scaled_mm_available(), reason="this torch has no CPU torch._scaled_mm")
+needs_cpu_scaled_mm = pytest.mark.skipif(not cpu_scaled_mm_available(),
+                                         reason="torch._scaled_mm does not run on this CPU (oneDNN FP8 needs AVX512-FP16)")
 
 
 @needs_cpu_scaled_mm
