@@ -101,9 +101,12 @@ def cpu_scaled_mm_available() -> bool:
     """Whether this torch runs ``torch._scaled_mm`` on CPU tensors. Its oneDNN FP8 matmul needs AVX512-FP16
     (Sapphire Rapids and later): on AVX2 and on AVX-512 CPUs without FP16 it raises "could not create a
     primitive descriptor for the matmul primitive" (``ONEDNN_MAX_CPU_ISA=AVX2`` shows it on any CPU)."""
-    a = torch.zeros(16, 16).to(torch.float8_e4m3fn)
-    try:
-        torch._scaled_mm(a, a.t(), scale_a=torch.ones(()), scale_b=torch.ones(()), out_dtype=torch.float32)
+    a, b = torch.ones(17, 96).to(torch.float8_e4m3fn), torch.ones(64, 96).to(torch.float8_e4m3fn)
+    try:  # which dtypes oneDNN takes depends on the CPU: ask for every output dtype, with and without a bias
+        for out_dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for bias in (None, torch.zeros(64, dtype=out_dtype)):
+                for sa, sb in ((torch.ones(()), torch.ones(())), (torch.ones(17, 1), torch.ones(1, 64))):
+                    torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype)
     except (RuntimeError, NotImplementedError, AttributeError):
         return False
     return True
