@@ -16,10 +16,9 @@ import copy
 
 import pytest
 import torch
-from torch import nn
 
-from fp8_linear import FP8Linear
 from fp8_linear.backends import emulated
+from fp8_models import swap_in_fp8
 
 PRESETS = ["fp8-tensor", "fp8-channel", "fp8-dynamic", "fp8-block"]
 NEW_TOKENS = 32
@@ -36,18 +35,7 @@ def _fp8_model(base, tok, preset: str, device: str, dtype: torch.dtype):
     model.config.num_hidden_layers = LAYERS
     model = model.to(device=device, dtype=dtype)
     ids = tok(PROMPT, return_tensors="pt").input_ids.to(device)
-    amax: dict[str, float] = {}
-    hooks = [mod.register_forward_pre_hook(lambda m, a, n=name: amax.__setitem__(n, max(amax.get(n, 0.0), float(a[0].abs().max()))))
-             for name, mod in model.named_modules() if isinstance(mod, nn.Linear) and name != "lm_head"]
-    with torch.no_grad():
-        model(ids)
-    for h in hooks:
-        h.remove()
-    for name, amx in amax.items():
-        parent, _, child = name.rpartition(".")
-        lin = model.get_submodule(name)
-        setattr(model.get_submodule(parent), child, FP8Linear.from_linear(lin, preset, input_amax=amx * AMAX_MARGIN))
-    return model, ids
+    return swap_in_fp8(model, ids, preset, AMAX_MARGIN), ids
 
 
 def _greedy(model, ids, **kw) -> torch.Tensor:

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from fp8_linear import FP8Linear
 
+from fp8_models import swap_in_fp8
 from helpers import calc_diff
 from integ_helpers import random_ids
 
@@ -76,19 +76,7 @@ def _fp8(model, preset: str, ids: torch.Tensor):
     """A copy of ``model`` with every decoder Linear as ``FP8Linear.from_linear`` (static presets calibrated on ``ids``)."""
     import copy
 
-    out = copy.deepcopy(model)
-    lins = {n: m for n, m in out.named_modules() if isinstance(m, nn.Linear) and n != "lm_head"}
-    amax: dict[str, float] = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, a, n=n: amax.__setitem__(n, max(amax.get(n, 0.0), float(a[0].abs().max()))))
-             for n, m in lins.items()]
-    with torch.inference_mode():
-        out(ids)
-    for h in hooks:
-        h.remove()
-    for n, lin in lins.items():
-        parent, _, child = n.rpartition(".")
-        setattr(out.get_submodule(parent), child, FP8Linear.from_linear(lin, preset, input_amax=amax[n] * AMAX_MARGIN))
-    return out
+    return swap_in_fp8(copy.deepcopy(model), ids, preset, AMAX_MARGIN)
 
 
 def _generate(model, ids, compiled: bool):
