@@ -91,19 +91,31 @@ int even_waves() {
   return v != nullptr && v[0] == '1';
 }
 
+// Encode a 2-D tiled map: `inner` x `outer` elements, rows `row_bytes` apart, box `box_inner` x
+// `box_outer`, no interleave, element strides 1, out-of-bounds elements read as zero. Returns a message
+// when the encoder is missing or `map` is misaligned; otherwise nullptr with the driver's answer in *res.
+const char* encode_2d(CUtensorMap* map, CUtensorMapDataType dt, const void* ptr, cuuint64_t inner, cuuint64_t outer,
+                      cuuint64_t row_bytes, cuuint32_t box_inner, cuuint32_t box_outer, CUtensorMapSwizzle swizzle,
+                      CUtensorMapL2promotion l2, CUresult* res) {
+  auto fn = encode_fn();
+  if (fn == nullptr) return "cuTensorMapEncodeTiled not found through cudaGetDriverEntryPointByVersion";
+  if (reinterpret_cast<uintptr_t>(map) % 64 != 0) return "tensor map storage is not 64-byte aligned";
+  cuuint64_t dims[2] = {inner, outer};
+  cuuint64_t strides[1] = {row_bytes};  // bytes, dim 1
+  cuuint32_t box[2] = {box_inner, box_outer};
+  cuuint32_t estr[2] = {1, 1};
+  *res = fn(map, dt, 2, const_cast<void*>(ptr), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, l2,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return nullptr;
+}
+
 // 2-D map over a [rows, K] K-contiguous fp8 matrix; box = 128 (K) x box_rows, 128-byte swizzle,
 // out-of-bounds elements read as zero.
 const char* make_map(CUtensorMap* map, const void* ptr, int rows, int K, int box_rows) {
-  auto fn = encode_fn();
-  if (fn == nullptr) return "cuTensorMapEncodeTiled not found through cudaGetDriverEntryPointByVersion";
-  cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
-  cuuint64_t strides[1] = {static_cast<cuuint64_t>(K)};  // bytes, dim 1
-  cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows)};
-  cuuint32_t estr[2] = {1, 1};
-  if (reinterpret_cast<uintptr_t>(map) % 64 != 0) return "tensor map storage is not 64-byte aligned";
-  CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(ptr), dims, strides, box, estr,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUresult r = CUDA_SUCCESS;
+  if (const char* e = encode_2d(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, ptr, K, rows, K, kBK, box_rows,
+                                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, &r))
+    return e;
   if (r == CUDA_SUCCESS) return nullptr;
   thread_local char msg[256];
   snprintf(msg, sizeof(msg), "cuTensorMapEncodeTiled failed (CUresult %d) for an operand: ptr %p rows %d K %d box_rows %d",
@@ -114,16 +126,10 @@ const char* make_map(CUtensorMap* map, const void* ptr, int rows, int K, int box
 // Map over the M-major 1 x 128 activation scales (fp32, element [m, kb] at kb * ld + m): box = `box_rows`
 // consecutive m of one k-block (a tile's activation rows), no swizzle, rows past M read as zero.
 const char* make_scale_map(CUtensorMap* map, const float* ptr, int M, int kbn, long ld, int box_rows) {
-  auto fn = encode_fn();
-  if (fn == nullptr) return "cuTensorMapEncodeTiled not found through cudaGetDriverEntryPointByVersion";
-  cuuint64_t dims[2] = {static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(kbn)};
-  cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 4};  // bytes, dim 1
-  cuuint32_t box[2] = {static_cast<cuuint32_t>(box_rows), 1};
-  cuuint32_t estr[2] = {1, 1};
-  if (reinterpret_cast<uintptr_t>(map) % 64 != 0) return "tensor map storage is not 64-byte aligned";
-  CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(ptr), dims, strides, box, estr,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUresult r = CUDA_SUCCESS;
+  if (const char* e = encode_2d(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, ptr, M, kbn, static_cast<cuuint64_t>(ld) * 4,
+                                box_rows, 1, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE, &r))
+    return e;
   if (r == CUDA_SUCCESS) return nullptr;
   thread_local char msg[256];
   snprintf(msg, sizeof(msg), "cuTensorMapEncodeTiled failed (CUresult %d) for scale_a: ptr %p M %d kb %d ld %ld box %d",
@@ -138,19 +144,14 @@ const char* make_scale_map(CUtensorMap* map, const float* ptr, int M, int kbn, l
 // sm90_tile.cuh) uses box_cols = bn % 64 without swizzle (the strip is staged row-major).
 const char* make_out_map(CUtensorMap* map, void* ptr, int M, int N, int out_kind, int box_cols, int box_rows,
                          CUtensorMapSwizzle swizzle, const char* what) {
-  auto fn = encode_fn();
-  if (fn == nullptr) return "cuTensorMapEncodeTiled not found through cudaGetDriverEntryPointByVersion";
   const int esize = out_kind == 0 ? 4 : 2;
   const CUtensorMapDataType dt = out_kind == 0   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                  : out_kind == 1 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  cuuint64_t dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M)};
-  cuuint64_t strides[1] = {static_cast<cuuint64_t>(N) * esize};
-  cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
-  cuuint32_t estr[2] = {1, 1};
-  if (reinterpret_cast<uintptr_t>(map) % 64 != 0) return "tensor map storage is not 64-byte aligned";
-  CUresult r = fn(map, dt, 2, ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                  CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUresult r = CUDA_SUCCESS;
+  if (const char* e = encode_2d(map, dt, ptr, N, M, static_cast<cuuint64_t>(N) * esize, box_cols, box_rows, swizzle,
+                                CU_TENSOR_MAP_L2_PROMOTION_NONE, &r))
+    return e;
   if (r == CUDA_SUCCESS) return nullptr;
   thread_local char msg[256];
   snprintf(msg, sizeof(msg), "cuTensorMapEncodeTiled failed (CUresult %d) for the %s: ptr %p M %d N %d kind %d box %d",
