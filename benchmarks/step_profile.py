@@ -2,12 +2,14 @@
 
 ``python -m benchmarks.step_profile`` builds the Llama-3-8B-shaped model of ``benchmarks/e2e.py``
 (random weights, full depth unless ``--layers``), runs transformers' compiled static-cache ``generate``
-once per path and batch (compile and CUDA-graph capture), then replays the captured decode step
-``--replays`` times under ``torch.profiler`` and sorts every GPU kernel into a category (our FP8 GEMM,
+once per path and batch (compile and CUDA-graph capture), then profiles two more calls, of
+``--new-tokens`` and of ``--new-tokens + --extra-tokens`` tokens, under ``torch.profiler``; their
+difference divided by ``--extra-tokens`` is one steady decode step (prefill, the first step's graph
+recording and per-call costs cancel). Every GPU kernel is sorted into a category (our FP8 GEMM,
 our activation quantization, split-K reduce, cuBLAS GEMMs, attention, inductor's Triton kernels,
 copies, other). Per path and batch it prints, per decode step: the kernel count and GPU time of each
 category, the GPU busy time (the union of kernel intervals) and the idle time between kernels
-(replay wall time minus busy time). This locates a difference between two paths' "rest" of the step
+(span minus busy time), and the host wall time. This locates a difference between two paths' "rest" of the step
 (``benchmarks/e2e.py`` reports step = linear layers + rest) in kernels or in gaps.
 
 The JSON (``--out``) holds the same figures plus the 12 most expensive kernel names of each path.
@@ -24,7 +26,7 @@ import torch
 from benchmarks.common.results import environment, write_json
 from benchmarks.e2e import (build_model, calibrate, decoder_linears, fp8_layers, prompt_ids, reset_compiled,
                             swap_in)
-from benchmarks.e2e_decode import timed_generate, wrap_compiled_step
+from benchmarks.e2e_decode import timed_generate
 
 #: Kernel categories, first match wins (regular expressions on the kernel name).
 CATEGORIES = (
@@ -58,19 +60,31 @@ def busy_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def profile_step(call, replays: int) -> dict:
-    """Replay ``call`` (a :class:`benchmarks.e2e_decode.LastCall`) ``replays`` times under the profiler;
-    per-step kernel counts and GPU us by category, busy and idle us."""
+def stop_after(length: int):
+    """A ``generate`` stopping criterion: stop once the sequences are ``length`` tokens long (so two calls
+    of different lengths share ``max_new_tokens``, hence one static-cache shape and one compiled graph)."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class _StopAfter(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= length, dtype=torch.bool,
+                              device=input_ids.device)
+
+    return StoppingCriteriaList([_StopAfter()])
+
+
+def profile_generate(model, ids: torch.Tensor, new: int, max_new: int) -> dict:
+    """One greedy compiled static-cache ``generate`` (cache sized for ``max_new`` tokens) stopped after
+    ``new`` tokens, under the profiler: kernel counts and GPU us by category, GPU us by kernel name,
+    busy (union of kernels) and span us, host wall us."""
     from torch.profiler import ProfilerActivity, profile
 
+    kw = dict(cache_implementation="static", stopping_criteria=stop_after(ids.shape[1] + new))
     with torch.inference_mode():
-        for _ in range(3):
-            call.fn(*call.args, **call.kwargs)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
-            for _ in range(replays):
-                call.fn(*call.args, **call.kwargs)
+            timed_generate(model, ids, max_new, kw)
             torch.cuda.synchronize()
             wall_us = (time.perf_counter() - t0) * 1e6
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -85,27 +99,40 @@ def profile_step(call, replays: int) -> dict:
         names[e.name] = names.get(e.name, 0.0) + dur
         intervals.append((e.time_range.start, e.time_range.end))
     span = (max(e for _, e in intervals) - min(s for s, _ in intervals)) if intervals else 0.0
-    busy = busy_us(intervals)
-    per = {k: dict(count=v["count"] / replays, us=v["us"] / replays) for k, v in sorted(cats.items())}
+    return dict(categories=cats, names=names, busy_us=busy_us(intervals), span_us=span, wall_us=wall_us)
+
+
+def per_step(short: dict, long: dict, steps: int) -> dict:
+    """Per decode step: ``(long - short) / steps`` of every figure of two :func:`profile_generate` results
+    (prefill, the first step's CUDA-graph recording and the call's fixed costs cancel)."""
+    cats = {}
+    for k in set(short["categories"]) | set(long["categories"]):
+        a = short["categories"].get(k, dict(count=0, us=0.0))
+        b = long["categories"].get(k, dict(count=0, us=0.0))
+        cats[k] = dict(count=(b["count"] - a["count"]) / steps, us=(b["us"] - a["us"]) / steps)
+    names = {n: (long["names"].get(n, 0.0) - short["names"].get(n, 0.0)) / steps for n in long["names"]}
     top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
-    return dict(categories=per, busy_us=busy / replays, span_us=span / replays, idle_us=(span - busy) / replays,
-                wall_us=wall_us / replays, top=[dict(name=n[:160], us=u / replays) for n, u in top])
+    busy = (long["busy_us"] - short["busy_us"]) / steps
+    span = (long["span_us"] - short["span_us"]) / steps
+    return dict(categories=dict(sorted(cats.items())), busy_us=busy, span_us=span, idle_us=span - busy,
+                wall_us=(long["wall_us"] - short["wall_us"]) / steps,
+                top=[dict(name=n[:160], us=u) for n, u in top])
 
 
-def compiled_step(model, batch: int, prompt: int, new: int):
-    """Compile and capture transformers' static-cache decode step at ``batch``; the wrapped step."""
+def profile_decode(model, batch: int, prompt: int, new: int, extra: int) -> dict:
+    """Per-step figures of compiled static-cache decode at ``batch``: ``generate`` of ``new`` and of
+    ``new + extra`` tokens, each profiled, after a warm-up call that compiles and captures."""
     ids = prompt_ids(model.config.vocab_size, batch, prompt)
-    kw = dict(cache_implementation="static")
     with torch.inference_mode():
-        timed_generate(model, ids, new, kw)
-        step = wrap_compiled_step(model)
-        timed_generate(model, ids, new, kw)
-    return step
+        timed_generate(model, ids, new + extra, dict(cache_implementation="static"))
+    short = profile_generate(model, ids, new, new + extra)
+    long = profile_generate(model, ids, new + extra, new + extra)
+    return per_step(short, long, extra)
 
 
 def print_cell(label: str, batch: int, r: dict) -> None:
-    print(f"\n{label}, batch {batch}: per decode step, span {r['span_us']:.0f} us = busy {r['busy_us']:.0f} "
-          f"+ idle {r['idle_us']:.0f} (host wall {r['wall_us']:.0f} us)")
+    print(f"\n{label}, batch {batch}: per decode step, GPU span {r['span_us']:.0f} us = busy {r['busy_us']:.0f} "
+          f"+ idle {r['idle_us']:.0f}; host wall {r['wall_us']:.0f} us")
     for k, v in sorted(r["categories"].items(), key=lambda kv: -kv[1]["us"]):
         print(f"  {k:24s} {v['count']:7.1f} kernels {v['us']:9.1f} us")
 
@@ -118,7 +145,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,16", help="decode batch sizes (default %(default)s)")
     ap.add_argument("--prompt", type=int, default=512, help="prompt tokens (default %(default)s)")
     ap.add_argument("--new-tokens", type=int, default=8, help="tokens per generate call (default %(default)s)")
-    ap.add_argument("--replays", type=int, default=20, help="profiled replays of the step (default %(default)s)")
+    ap.add_argument("--extra-tokens", type=int, default=16,
+                    help="decode steps that the longer of the two profiled calls adds (default %(default)s)")
     ap.add_argument("--out", default=None, help="folder of the JSON (default benchmarks/results)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -133,11 +161,7 @@ def main(argv=None) -> int:
             swap_in(model, fp8_layers(bf16, preset, amax))
         for b in batches:
             reset_compiled(model)
-            step = compiled_step(model, b, args.prompt, args.new_tokens)
-            if step is None or step.kwargs is None:
-                print(f"{preset} batch {b}: no compiled step to replay")
-                continue
-            r = profile_step(step, args.replays)
+            r = profile_decode(model, b, args.prompt, args.new_tokens, args.extra_tokens)
             results[f"{preset}/b{b}"] = r
             print_cell(preset, b, r)
         swap_in(model, bf16)
