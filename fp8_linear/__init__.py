@@ -7,6 +7,7 @@ Public API (docs/design.md section 3)::
     FP8Linear, FP8Linear.from_linear(linear, scheme, input_amax=None)
     grouped_fp8_gemm(a, b, scale_a, scale_b, offsets, bias=None, out_dtype=torch.bfloat16)  # MoE experts
     FP8Experts.from_experts(experts, scheme, input_amax=None)  # transformers' fused experts (docs/moe.md)
+    fuse_projections(model) -> FusionReport / unfuse_projections(model)  # q/k/v, gate/up as one GEMM (docs/serving.md)
     QuantScheme, PRESETS
     quantize_model(model, calib_data, scheme="fp8-channel", ...)
     save_quantized(model, path, tokenizer=None) / load_quantized(path, device_map=None, dtype=torch.bfloat16)
@@ -47,6 +48,7 @@ from .formats import FORMATS, fmt_max
 from .gemm import fp8_gemm
 from .grouped_gemm import grouped_fp8_gemm
 from .module import FP8Linear
+from .fusion import FusionError, FusionReport, fuse_projections, unfuse_projections
 from .quantize import dequantize_fp8, quantize_fp8
 from .scheme import PRESETS, QuantScheme, resolve_scheme
 from .integrations import install as _install_integrations
@@ -82,5 +84,6 @@ __all__ = [
     "BackendUnavailableError", "CalibrationError", "CheckpointError", "DeviceError", "FP8LinearError", "ScaleError", "ShapeError",
     "FORMATS", "fmt_max", "fp8_gemm", "FP8Linear", "dequantize_fp8", "quantize_fp8", "PRESETS", "QuantScheme",
     "resolve_scheme", "quantize_model", "compare_schemes", "save_quantized", "load_quantized",
-    "FP8LinearConfig", "grouped_fp8_gemm", "FP8Experts",
+    "FP8LinearConfig", "grouped_fp8_gemm", "FP8Experts", "FusionError", "FusionReport", "fuse_projections",
+    "unfuse_projections",
 ]
