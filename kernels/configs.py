@@ -46,7 +46,9 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(3, "swap128x64_4acc", 64, True, 4, split_k=True, block_scales=True),  # M <= 64, large N
     KernelConfig(6, "tile128x192", 192, False, 1, block_scales=True),  # less shared-memory / L2 traffic per FLOP
     KernelConfig(7, "tile128x128_2acc", 128, False, 1, True, split_k=True, block_scales=True),  # the large-M default
-    KernelConfig(10, "tile128x144_2acc", 144, False, 1, True, split_k=True),  # v10: 6% less operand traffic per FLOP
+    # v10: 6% less operand traffic per FLOP; block instances since v29 (the promotion dispatched on the
+    # column where the tile's second weight block starts, sm90_blockscale.cuh)
+    KernelConfig(10, "tile128x144_2acc", 144, False, 1, True, split_k=True, block_scales=True),
     KernelConfig(14, "swap128x128_2acc", 128, True, 1, True),  # 7 with A/B swapped (v21)
     KernelConfig(15, "swap128x144_2acc", 144, True, 1, True),  # 10 with A/B swapped (v21)
     # 3 with two accumulators (k-block i+1 issued before i is promoted): M <= 64 decode tiles (v27)
@@ -93,8 +95,11 @@ LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
 )
 
 #: The large-M candidates of block-scaled launches (:func:`select_config` ``block``): those with BLK
-#: instances. Config 10's consumers (240 registers) have no room for the block factors: ptxas spilled
-#: 76-176 bytes with them (nvcc 13.0, docs/kernel-log.md "Block scales"), so it has none.
+#: instances, with the per-tensor throughput and overhead figures (7, 6 and 10: the factors cost each
+#: tile the same few FFMAs per value; not measured apart for block scales). Config 10's block instance
+#: fits its consumers' 240 registers since its promotion is dispatched on the tile column where the
+#: second weight block starts (with that column at run time ptxas spilled 76-88 bytes; docs/kernel-log.md
+#: v29).
 BLOCK_LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = tuple(
     c for c in LARGE_M_CANDIDATES if CONFIG_BY_ID[c[0]].block_scales)
 
@@ -198,8 +203,9 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
     split K (:func:`select_splits`; the swapped large-M configs have no split-K instances).
 
     ``block``: fine-grained scales (1x128 activation groups, 128x128 weight blocks). The same choice
-    among the candidates with ``block_scales`` instances (BLOCK_LARGE_M_CANDIDATES: not config 10, and not
-    the swapped large-M configs, whose epilogue serves a per-tensor scale_a).
+    among the candidates with ``block_scales`` instances (BLOCK_LARGE_M_CANDIDATES: 7, 6 and 10, not the
+    swapped large-M configs, whose epilogue serves a per-tensor scale_a and whose threads would hold
+    BN activation factors each).
     """
     if m <= 0 or n <= 0 or k <= 0:
         raise ValueError(f"select_config: empty problem m={m}, n={n}, k={k}")

@@ -117,11 +117,54 @@ __device__ __forceinline__ float kblock_partial(float (&acc)[NACC][BN / 2], int 
   return part;
 }
 
+// The non-swapped promotion with the second weight block's first fragment known at compile time
+// (CUT: tile column where it starts, a multiple of 16): one multiply per accumulator value, no selects.
+template <int BN, int NACC, int CUT>
+__device__ __forceinline__ void promote_blk_cut(float (&fin)[BN / 2], float (&acc)[NACC][BN / 2],
+                                                const BlkFactors<BN, false>& f) {
+  const float lo[2] = {f.a[0] * f.w0, f.a[1] * f.w0};
+  const float hi[2] = {f.a[0] * f.w1, f.a[1] * f.w1};
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int v = 4 * j + 2 * i + e;
+        // one FFMA, as promote_blk's contracted `fin += part * s` (explicit: with the mul and the add
+        // apart, ptxas merged the eight cases' adds after the switch, an FMUL + FADD per value)
+        fin[v] = __fmaf_rn(kblock_partial<BN, NACC>(acc, v), 8 * j < CUT ? lo[i] : hi[i], fin[v]);
+      }
+}
+
+// Tiles wider than a weight block but narrower than two (BN = 144: the column where the second block
+// starts is 128 - 16 * (nb % 8); BN = 192: 128 or 64): the promotion is dispatched on that column (one
+// uniform branch per k-block) so that it holds two products per row and no per-fragment selected
+// factors (with a run-time column, ptxas kept the selected factors in registers: the 128 x 144 tile's
+// two accumulators spilled 76-88 bytes, the 128 x 192 tile 4-12, nvcc 13.0; DeepGEMM's sm90 1d2d kernel
+// dispatches its whole k loop the same way).
+template <int BN, bool SWAP>
+constexpr bool blk_cut_dispatch() {
+  return !SWAP && BN > kScaleBlock && BN < 2 * kScaleBlock && BN % 16 == 0;
+}
+
 // Block-scaled FP32 promotion: fin += (sum of the k-block's NACC partial accumulators) x factor.
 template <int BN, bool SWAP, int NACC>
 __device__ __forceinline__ void promote_blk(float (&fin)[BN / 2], float (&acc)[NACC][BN / 2],
                                             const BlkFactors<BN, SWAP>& f, const BlkTile<BN, SWAP>& t) {
-  if constexpr (!SWAP) {
+  if constexpr (blk_cut_dispatch<BN, SWAP>()) {
+    static_assert(kScaleBlock == 8 * 16, "cut cases 16, 32, .., 128");
+    switch (t.cut) {
+      case 16: promote_blk_cut<BN, NACC, 16>(fin, acc, f); break;
+      case 32: promote_blk_cut<BN, NACC, 32>(fin, acc, f); break;
+      case 48: promote_blk_cut<BN, NACC, 48>(fin, acc, f); break;
+      case 64: promote_blk_cut<BN, NACC, 64>(fin, acc, f); break;
+      case 80: promote_blk_cut<BN, NACC, 80>(fin, acc, f); break;
+      case 96: promote_blk_cut<BN, NACC, 96>(fin, acc, f); break;
+      case 112: promote_blk_cut<BN, NACC, 112>(fin, acc, f); break;
+      default: promote_blk_cut<BN, NACC, 128>(fin, acc, f); break;
+    }
+  } else if constexpr (!SWAP) {
     const float lo[2] = {f.a[0] * f.w0, f.a[1] * f.w0};
     const float hi[2] = {f.a[0] * f.w1, f.a[1] * f.w1};
 #pragma unroll

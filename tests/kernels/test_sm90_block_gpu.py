@@ -123,13 +123,17 @@ def test_every_block_config(cfg, m, n, k, out_dtype):
 
 @pytest.mark.parametrize("cfg", BLOCK_SPLIT_CFGS)
 @pytest.mark.parametrize("splits", [2, 5, 16])
-@pytest.mark.parametrize("m, n, k", [(1, 72, 4096), (64, 4104, 16400), (70, 300, 2064)])
+@pytest.mark.parametrize("m, n, k", [(1, 72, 4096), (64, 4104, 16400), (70, 300, 2064), (130, 1153, 4112)])
 def test_block_split_k(cfg, splits, m, n, k):
     """Each split applies the factors of its own k-blocks (absolute k-block index)."""
     _case(m, n, k, E4, E4, torch.bfloat16, torch.bfloat16, config=cfg, splits=splits)
 
 
-@pytest.mark.parametrize("cfg", [c for c in BLOCK_CFGS if not configs.CONFIGS[c].swap_ab])
+#: Block configs whose tile rows are the activation's (not swapped).
+BLOCK_PLAIN_CFGS = [c for c in BLOCK_CFGS if not configs.CONFIG_BY_ID[c].swap_ab]
+
+
+@pytest.mark.parametrize("cfg", BLOCK_PLAIN_CFGS)
 @pytest.mark.parametrize("out_dtype", OUTS)
 def test_block_direct_store_bitwise_equals_tma_store(cfg, out_dtype):
     """The block path's epilogue only adds the bias: the TMA-store and direct-store epilogues agree bit for bit."""
@@ -138,6 +142,35 @@ def test_block_direct_store_bitwise_equals_tma_store(cfg, out_dtype):
     direct = run_poisoned(a, b, sa, sb, bias, out_dtype, cfg, direct_store=True)
     assert torch.equal(staged, direct)
     check(staged, reference(a, b, sa, sb, bias), out_dtype, f"cfg={cfg}")
+
+
+#: Tiles that are not a whole number of 128-row weight blocks (128 x 144: the second block starts at tile
+#: column 128 - 16 * (nb % 8), all eight of them from N = 8 x 144 on; 128 x 192: 128 or 64): N = 144 k +- 1
+#: (a last tile of one column, or one column short), N not a multiple of 128 or 144, ragged K.
+WIDE_CFGS = [c for c in BLOCK_PLAIN_CFGS if configs.CONFIG_BY_ID[c].block_n % 128]
+WIDE_SHAPES = [(129, 287, 1040), (300, 289, 2064), (7, 1151, 1040), (129, 1153, 4112), (300, 2305, 1296),
+               (1, 1153, 16400), (520, 1000, 48), (129, 1160, 1040)]
+
+
+@pytest.mark.parametrize("cfg", WIDE_CFGS)
+@pytest.mark.parametrize("idx", range(len(WIDE_SHAPES)))
+@pytest.mark.parametrize("out_dtype", OUTS)
+def test_block_wide_tiles_every_block_boundary(cfg, idx, out_dtype):
+    """Each 8-column fragment of a tile takes the factor of its own weight block, wherever the block
+    boundary falls in the tile (the promotion's eight compile-time cases of the 144-wide tile)."""
+    m, n, k = WIDE_SHAPES[idx]
+    fa, fb = FMTS[(idx + cfg) % 4]
+    bias_dtype = [None, torch.float32, torch.bfloat16, torch.float16][idx % 4]
+    _case(m, n, k, fa, fb, bias_dtype, out_dtype, config=cfg)
+
+
+@pytest.mark.parametrize("cfg", BLOCK_PLAIN_CFGS)
+def test_block_config_bitwise_repeatable(cfg):
+    a, b, sa, sb, bias = make_inputs(300, 1153, 2064, E4, E4, torch.bfloat16)
+    first = run_poisoned(a, b, sa, sb, bias, torch.bfloat16, cfg)
+    check(first, reference(a, b, sa, sb, bias), torch.bfloat16, f"cfg={cfg}")
+    for _ in range(10):
+        assert torch.equal(first, run_poisoned(a, b, sa, sb, bias, torch.bfloat16, cfg))
 
 
 LLAMA_NK = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
