@@ -41,6 +41,7 @@ stage gpu_tests 120 $PT tests --ignore=tests/kernels --ignore=tests/core/backend
 stage sanitize_block 45 env SANITIZE_ARGS=--block SANITIZE_TOOLS="racecheck" bash benchmarks/tools/sanitize.sh
 stage host_overhead 30 python -m benchmarks.host_overhead --calls 1000 --json "$OUT/host_overhead.json"
 stage block_bench 50 python -m benchmarks.gemm_bench --mode block --quick --out "$OUT"
+stage chain_bench 60 python -m benchmarks.chain_bench --out "$OUT"
 stage e2e 140 python -m benchmarks.e2e --quick --out "$OUT"
 stage calibrate_gpu 90 python -m benchmarks.calibrate_gpu --quick --out "$OUT"
 stage moe_bench 60 python -m benchmarks.moe_bench --quick --out "$OUT"

@@ -7,6 +7,8 @@
 // even; NaN stays NaN, exactly what Triton's fp_downcast_rounding="rtne" emits on sm_90). Rows whose
 // start and stride are 16-byte aligned with K % 8 == 0 go 8 elements (one 8-byte store) at a time.
 // Groups: one warp per 1x128 group, 4 elements per lane.
+// Launched with programmatic dependent launch (pdl.h): each CTA lets the next kernel (the GEMM) launch
+// at its start, then waits for the previous kernel before it reads x or writes q and the scales.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -14,6 +16,7 @@
 #include <cstdint>
 
 #include "act_quant.h"
+#include "pdl.h"
 
 namespace fp8act {
 namespace {
@@ -97,6 +100,8 @@ template <typename T, int FMT, int MODE, bool VEC>
 __global__ void __launch_bounds__(kMaxThreads) quant_rows_kernel(const T* __restrict__ x, uint8_t* __restrict__ q,
                                                                  float* __restrict__ s, int64_t K, int64_t stride,
                                                                  float m, float min_scale) {
+  fp8pdl::pdl_launch_dependents();
+  fp8pdl::pdl_wait();  // x may be the previous kernel's output; q and s buffers it may still read
   const int64_t row = blockIdx.x;
   const T* xr = x + row * stride;
   uint8_t* qr = q + row * K;
@@ -144,6 +149,8 @@ __global__ void __launch_bounds__(kGroupWarps * kWarp) quant_groups_kernel(const
                                                                            float* __restrict__ s, int64_t ld,
                                                                            int64_t K, int64_t stride, float m,
                                                                            float min_scale) {
+  fp8pdl::pdl_launch_dependents();
+  fp8pdl::pdl_wait();  // as in quant_rows_kernel
   constexpr int kPerLane = kGroupSize / kWarp;
   const int64_t row = blockIdx.x;
   const int64_t groups = (K + kGroupSize - 1) / kGroupSize;
@@ -184,23 +191,21 @@ const char* launch_typed(const ActQuantArgs& a, cudaStream_t stream) {
     const int64_t groups = (a.K + kGroupSize - 1) / kGroupSize;
     const int64_t gy = (groups + kGroupWarps - 1) / kGroupWarps;
     const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(gy < 65535 ? gy : 65535));
-    quant_groups_kernel<T, FMT><<<grid, kGroupWarps * kWarp, 0, stream>>>(x, q, a.scale, a.scale_ld, a.K, a.row_stride,
-                                                                         a.fmt_max, a.min_scale);
+    const cudaError_t e = fp8pdl::launch(quant_groups_kernel<T, FMT>, grid, dim3(kGroupWarps * kWarp), stream, x, q,
+                                         a.scale, a.scale_ld, a.K, a.row_stride, a.fmt_max, a.min_scale);
+    if (e != cudaSuccess) return cudaGetErrorString(e);
   } else {
     const bool vec = a.K % kVec == 0 && (reinterpret_cast<uintptr_t>(a.x) % 16) == 0 &&
                      (a.row_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
                      (reinterpret_cast<uintptr_t>(a.q) % 8) == 0;
     const int threads = round_threads(vec ? a.K / kVec : a.K);
     const unsigned grid = static_cast<unsigned>(a.rows);
-#define FP8ACT_LAUNCH(MODE, VEC)                                                                                    \
-  quant_rows_kernel<T, FMT, MODE, VEC><<<grid, threads, 0, stream>>>(x, q, a.scale, a.K, a.row_stride, a.fmt_max, \
-                                                                     a.min_scale)
-    if (a.mode == kStatic) {
-      if (vec) FP8ACT_LAUNCH(kStatic, true); else FP8ACT_LAUNCH(kStatic, false);
-    } else {
-      if (vec) FP8ACT_LAUNCH(kToken, true); else FP8ACT_LAUNCH(kToken, false);
-    }
-#undef FP8ACT_LAUNCH
+    auto kernel = a.mode == kStatic
+                      ? (vec ? quant_rows_kernel<T, FMT, kStatic, true> : quant_rows_kernel<T, FMT, kStatic, false>)
+                      : (vec ? quant_rows_kernel<T, FMT, kToken, true> : quant_rows_kernel<T, FMT, kToken, false>);
+    const cudaError_t e = fp8pdl::launch(kernel, dim3(grid), dim3(threads), stream, x, q, a.scale, a.K, a.row_stride,
+                                         a.fmt_max, a.min_scale);
+    if (e != cudaSuccess) return cudaGetErrorString(e);
   }
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "act_quant.h"
+#include "pdl.h"
 #include "sm90_api.h"
 #include "sm90_grouped_api.h"
 
@@ -348,6 +349,22 @@ void grouped_gemm_out(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 
 }  // namespace
 
+namespace {
+
+// Programmatic dependent launch of the GEMM, activation quantization and split-K reduction (pdl.h):
+// on / off for later launches (a CUDA graph keeps what it was captured with), and optionally the GEMM's
+// L2 prefetch depth in k-blocks (-1: the kernel's stage count, 0: none). Returns the previous state.
+std::tuple<bool, int64_t> set_pdl(bool enabled, const c10::optional<int64_t>& prefetch_kblocks) {
+  const std::tuple<bool, int64_t> old{fp8pdl::enabled(), fp8pdl::prefetch_kblocks()};
+  fp8pdl::set_enabled(enabled);
+  if (prefetch_kblocks.has_value()) fp8pdl::set_prefetch_kblocks(static_cast<int>(*prefetch_kblocks));
+  return old;
+}
+
+std::tuple<bool, int64_t> pdl_state() { return {fp8pdl::enabled(), fp8pdl::prefetch_kblocks()}; }
+
+}  // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_out", &gemm_out, "FP8 GEMM (sm_90a) into a preallocated output; flags bit 0: direct-store epilogue; splits > 1: split K",
         pybind11::arg("a"), pybind11::arg("b"), pybind11::arg("scale_a"), pybind11::arg("scale_b"),
@@ -359,6 +376,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("input_scale"), pybind11::arg("weight_scale"),
         pybind11::arg("bias"), pybind11::arg("act_mode"), pybind11::arg("config"), pybind11::arg("fmt_max"),
         pybind11::arg("min_scale"), pybind11::arg("splits") = 1);
+  m.def("set_pdl", &set_pdl, "Programmatic dependent launch on / off (and the GEMM's L2 prefetch depth); returns the previous (enabled, prefetch_kblocks)",
+        pybind11::arg("enabled"), pybind11::arg("prefetch_kblocks") = pybind11::none());
+  m.def("pdl_state", &pdl_state, "(enabled, prefetch_kblocks) of programmatic dependent launch (FP8_LINEAR_PDL, FP8_LINEAR_PDL_PREFETCH)");
   m.def("grouped_gemm_out", &grouped_gemm_out, "Grouped (mixture-of-experts) FP8 GEMM (sm_90a) into a preallocated output",
         pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("scale_x"), pybind11::arg("scale_w"),
         pybind11::arg("offsets"), pybind11::arg("bias"), pybind11::arg("out"), pybind11::arg("block_n"));

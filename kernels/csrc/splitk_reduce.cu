@@ -3,9 +3,13 @@
 // workspace ws [splits, M, N] (EpiParams::splits); the bias is added here, once. The splits are summed
 // in order 0, 1, ..., so results are bitwise repeatable; `+ 0.f` without a bias keeps the GEMM
 // epilogue's signed-zero behaviour (x * s + 0), so a zero bias and no bias give the same bits.
+// Launched with programmatic dependent launch (pdl.h): it lets the next kernel launch at once and
+// waits for the GEMM before its first read of the workspace.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
+#include "pdl.h"
 #include "sm90_api.h"
 
 namespace fp8sm90 {
@@ -24,6 +28,8 @@ __device__ __forceinline__ float bias_at(const void* p, int kind, long n) {
 __global__ void __launch_bounds__(kReduceThreads) splitk_reduce_kernel(const float* __restrict__ ws, int splits, int M,
                                                                        int N, const void* bias, int bias_kind,
                                                                        void* out, int out_kind) {
+  fp8pdl::pdl_launch_dependents();
+  fp8pdl::pdl_wait();  // the workspace is the GEMM's output, `out` may be a buffer it still reads
   const long total = static_cast<long>(M) * N;
   for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<long>(gridDim.x) * blockDim.x) {
@@ -43,9 +49,9 @@ const char* splitk_reduce(const float* ws, int splits, int M, int N, const void*
   const long total = static_cast<long>(M) * N;
   long blocks = (total + kReduceThreads - 1) / kReduceThreads;
   if (blocks > kReduceMaxBlocks) blocks = kReduceMaxBlocks;
-  splitk_reduce_kernel<<<static_cast<int>(blocks), kReduceThreads, 0, stream>>>(ws, splits, M, N, bias, bias_kind, out,
-                                                                                out_kind);
-  const cudaError_t e = cudaGetLastError();
+  cudaError_t e = fp8pdl::launch(splitk_reduce_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kReduceThreads),
+                                 stream, ws, splits, M, N, bias, bias_kind, out, out_kind);
+  if (e == cudaSuccess) e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 

@@ -18,6 +18,10 @@
 // stmatrix .trans and stored with TMA, see stage_tile_16bit_swap).
 // SPLIT: each output tile is `splits` work items over consecutive K ranges (split_tile), each writing
 // scaled fp32 partial sums; BLK: fine-grained scales (sm90_blockscale.cuh).
+// Programmatic dependent launch (pdl.h): barrier init, tensor-map prefetch, setmaxnreg and the L2
+// prefetch of the first weight k-blocks (prefetch_kb > 0) run before griddepcontrol.wait, which every
+// thread that touches global memory (the producer thread, the consumers) passes first; the producer
+// thread lets the next kernel launch once it has issued its last load.
 //
 // Files: sm90_tile.cuh (tiling, parameters, tile walk), sm90_mainloop.cuh (k-blocks, promotion,
 // producer), sm90_blockscale.cuh (block scales), sm90_epilogue.cuh (scales, bias, cast, stores), this
@@ -29,6 +33,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "pdl.h"
 #include "sm90_epilogue.cuh"
 #include "sm90_mainloop.cuh"
 #include "sm90_ptx.cuh"
@@ -37,11 +42,27 @@
 
 namespace fp8sm90 {
 
+// The first `n` k-blocks (at most the item's) of the weight tile of work item t into L2: the kernel's A
+// side when SWAP (the weight's rows on wgmma's M side), else its B side; `map` is that side's operand map
+// (box: 128 x kBM or 128 x BN). Issued before the PDL wait: it reads only the weight, into L2.
+template <int BN, bool SWAP, bool SPLIT>
+__device__ __forceinline__ void prefetch_weight_l2(const CUtensorMap* map, int t, int num_tiles, int num_m, int num_kb,
+                                                   const EpiParams& ep, int n) {
+  if (n <= 0 || t >= num_tiles) return;
+  int tile, split, kb0, nkb, mb, nb;
+  split_tile<SPLIT>(t, ep, num_kb, tile, split, kb0, nkb);
+  tile_coords(tile, num_m, ep, mb, nb);
+  const int row = SWAP ? mb * kBM : nb * BN;
+  const int end = kb0 + (n < nkb ? n : nkb);
+#pragma unroll 1
+  for (int kb = kb0; kb < end; ++kb) tma_prefetch_l2_2d(map, kb * kBK, row);
+}
+
 template <int BN, bool SWAP, int NACC, int FA, int FB, bool DBL, bool SPLIT = false, bool BLK = false>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const __grid_constant__ CUtensorMap tma_out, int rows_a, int rows_b, int K,
-                         const __grid_constant__ EpiParams ep) {
+                         const __grid_constant__ EpiParams ep, int prefetch_kb) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   using C = TileCfg<BN, SWAP, BLK>;
   constexpr int S = C::kStages;
@@ -65,6 +86,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     init_stage_barriers<S>(&tma_a, &tma_b, full, empty);
     if constexpr (BLK) tma_prefetch_desc(&ep.tma_sa);
+    // PDL: the weight's first k-blocks into L2 while the previous kernel finishes (here, before
+    // setmaxnreg: in the producer's 40 registers the tile arithmetic spilled, nvcc 13.0)
+    prefetch_weight_l2<BN, SWAP, SPLIT>(SWAP ? &tma_a : &tma_b, first_tile, num_tiles, num_m, num_kb, ep, prefetch_kb);
   }
   __syncthreads();
 
@@ -72,12 +96,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<RegSplit<BN, DBL>::kProducer>();
     if (threadIdx.x == 0) {
+      fp8pdl::pdl_wait();  // the activation, its scales: the previous kernel's output
       producer_loop<BN, S, C::kStageA, C::kStageB, C::kStage, SPLIT, SWAP, BLK>(
           &tma_a, &tma_b, sA, sB, full, empty, first_tile, num_tiles, tile_step, num_m, num_kb, ep, L.scales);
+      fp8pdl::pdl_launch_dependents();  // every load issued: the next kernel may start its prologue
     }
   } else {
     // ------------------------------------------------------------ consumers
     setmaxnreg_inc<RegSplit<BN, DBL>::kConsumer>();
+    fp8pdl::pdl_wait();  // scales, bias, the output (and split-K workspace) may be the previous kernel's
     const int cw = wg - 1;
     const int tid = threadIdx.x % 128;
     const int warp = tid / 32;

@@ -1,6 +1,6 @@
 // Host side of the sm90 GEMM kernels: the launch of one kernel instance (persistent grid, dynamic
-// shared memory) and the dispatch from a config id to its instances (sm90_configs.cuh, generated from
-// kernels/configs.py).
+// shared memory, programmatic dependent launch) and the dispatch from a config id to its instances
+// (sm90_configs.cuh, generated from kernels/configs.py).
 #pragma once
 #include <atomic>
 #include <cstdio>
@@ -8,6 +8,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "pdl.h"
 #include "sm90_api.h"
 #include "sm90_gemm.cuh"
 
@@ -38,7 +39,13 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = C::kSmem;
   cfg.stream = stream;
-  cfg.numAttrs = 0;
+  // Programmatic dependent launch (pdl.h): the weight's first k-blocks are prefetched into L2 only
+  // there, where the kernel's wait lets the prefetch overlap the previous kernel.
+  cudaLaunchAttribute attrs[1];
+  cfg.attrs = attrs;
+  cfg.numAttrs = fp8pdl::launch_attrs(attrs);
+  const int prefetch = fp8pdl::prefetch_kblocks();
+  const int prefetch_kb = cfg.numAttrs == 0 ? 0 : prefetch < 0 ? C::kStages : prefetch;
   if (!(done_mask.load(std::memory_order_acquire) & bit)) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
     if (e != cudaSuccess) return cudaGetErrorString(e);
@@ -56,7 +63,8 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
     ctas = (tiles + waves - 1) / waves;
   }
   cfg.gridDim = dim3(ctas, 1, 1);
-  e = cudaLaunchKernelEx(&cfg, kernel, la.tma_a, la.tma_b, la.tma_out, la.rows_a, la.rows_b, la.K, la.ep);
+  e = cudaLaunchKernelEx(&cfg, kernel, la.tma_a, la.tma_b, la.tma_out, la.rows_a, la.rows_b, la.K, la.ep,
+                         prefetch_kb);
   if (e != cudaSuccess) return cudaGetErrorString(e);
   e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
