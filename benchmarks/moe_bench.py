@@ -11,7 +11,10 @@ Two parts, one run (docs/moe.md):
    dense dispatcher), ``scaled_mm_loop`` (a bare loop of ``torch._scaled_mm`` with row-wise scales,
    expert offsets known on the host: the baseline of the 1.3x bar; ``cublaslt_loop``, the same loop through
    the package's cuBLASLt call, stands in where the bare call fails) and ``bf16_grouped``
-   (``torch._grouped_mm`` in BF16, what transformers' ``grouped_mm`` experts run).
+   (``torch._grouped_mm`` in BF16, what transformers' ``grouped_mm`` experts run). The same with block
+   scales (``--scales block``: 1x128 token groups x 128x128 weight blocks per expert, the DeepSeek-V3 /
+   Qwen3-FP8 layout; :func:`block_candidates`): ours, ``torch.nn.functional.scaled_grouped_mm`` with
+   block-wise recipes, the dispatcher's choice, the per-expert fallback and a cuBLASLt block loop.
    ``triton.testing.do_bench`` medians; a candidate that fails prints its error.
 2. **Model**: prefill tokens/s (one forward of ``[1, --prefill]``) and decode tokens/s (greedy
    ``generate`` at batch 1, decode = generate(N) - generate(1)), eager, and compiled static cache with
@@ -20,7 +23,8 @@ Two parts, one run (docs/moe.md):
 
 Writes a table and ``benchmarks/results/moe-<UTC stamp>[-quick].json``.
 
-    python -m benchmarks.moe_bench --quick      # < 1 minute on an H200
+    python -m benchmarks.moe_bench --quick      # < 90 s on an H200 (per-channel and block GEMMs, 2-layer model)
+    python -m benchmarks.moe_bench --quick --skip-model --scales block   # block grouped GEMMs only
     python -m benchmarks.moe_bench --quick --compile   # + compiled decode, BF16 against FP8 at batch 1
     python -m benchmarks.moe_bench --layers 8 --compile
     python -m benchmarks.moe_bench --tiny       # a toy size, to check the script (also on a CPU)
@@ -56,6 +60,8 @@ TINY = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=128, n
 DECODE_BATCHES = (1, 8, 32, 128)
 PREFILL_TOKENS = (512, 2048, 8192)
 QUICK = dict(decode=(1, 32), prefill=(2048,), layers=2, prefill_len=512, new_tokens=32, reps=3)
+#: Grouped GEMM scale layouts of part 1 (``--scales``).
+SCALES = ("channel", "block")
 
 
 def _cuda(device) -> bool:
@@ -97,7 +103,25 @@ def _unavailable(why: str):
 
 
 def _fmt(v) -> str:
-    return f"{v:.4f}ms" if isinstance(v, float) else f"ERR({v[:90]})"
+    return f"{v:.4f}ms" if isinstance(v, float) else f"ERR({' '.join(v.split())[:90]})"
+
+
+def _cublaslt_loop(a, b, sa, sb, ends: list):
+    """A loop of the package's cuBLASLt call (fp8_linear.backends.cublaslt: its scale layouts), one per expert
+    with rows (``ends``: the offsets on the host): per-token x per-channel, or 1x128 x 128x128 blocks."""
+    m, n = a.shape[0], b.shape[1]
+    starts = [0] + ends[:-1]
+
+    def run():
+        from fp8_linear.backends.cublaslt import cublaslt_gemm
+
+        out = torch.empty(m, n, device=a.device, dtype=torch.bfloat16)
+        for i, (s, t) in enumerate(zip(starts, ends)):
+            if t > s:
+                out[s:t] = cublaslt_gemm(a[s:t], b[i], sa[s:t], sb[i], None, torch.bfloat16)
+        return out
+
+    return run
 
 
 def gemm_candidates(counts: torch.Tensor, n: int, k: int, device) -> dict:
@@ -125,16 +149,6 @@ def gemm_candidates(counts: torch.Tensor, n: int, k: int, device) -> dict:
                 out[s:t] = torch._scaled_mm(a[s:t], bt[i], scale_a=sat[i], scale_b=sbt[i], out_dtype=torch.bfloat16)
         return out
 
-    def cublaslt_loop():
-        # the same loop through the package's cuBLASLt call (fp8_linear.backends.cublaslt: its scale layouts)
-        from fp8_linear.backends.cublaslt import cublaslt_gemm
-
-        out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
-        for i, (s, t) in enumerate(zip(starts, ends)):
-            if t > s:
-                out[s:t] = cublaslt_gemm(a[s:t], b[i], sa[s:t], sb[i], None, torch.bfloat16)
-        return out
-
     fns = {}
     for label, backend in (("ours_sm90", SM90_GROUPED), ("torch_grouped", TORCH_GROUPED)):
         ok, why = backend.supports(torch.device(device))
@@ -145,33 +159,74 @@ def gemm_candidates(counts: torch.Tensor, n: int, k: int, device) -> dict:
         "grouped": lambda: grouped_fp8_gemm_unchecked(a, b, sa, sb, offsets),
         "per_expert": lambda: PER_EXPERT.run(problem),
         "scaled_mm_loop": scaled_mm_loop,
-        "cublaslt_loop": cublaslt_loop,
+        "cublaslt_loop": _cublaslt_loop(a, b, sa, sb, ends),
         "bf16_grouped": lambda: torch._grouped_mm(x, wt, offs=offsets),
     }, select_grouped_backend(problem).name
 
 
-def gemm_part(cfg: dict, decode: tuple, prefill: tuple, device, reps: int) -> list[dict]:
+def block_candidates(counts: torch.Tensor, n: int, k: int, device) -> dict:
+    """Part 1 with block scales (1x128 token groups x 128x128 weight blocks per expert, the DeepSeek-V3 /
+    Qwen3-FP8 layout) for one projection ``[E, n, k]``: ``ours_sm90`` (the grouped kernel's block instances;
+    tokens quantized by the extension's one-pass 1x128 quantization, M-major scales), ``torch_grouped``
+    (``torch.nn.functional.scaled_grouped_mm`` with block-wise recipes, where this torch runs them),
+    ``grouped`` (the dispatcher's choice), ``per_expert`` (the generic fallback block experts took before:
+    one dense block GEMM per expert through the dense dispatcher, one host sync) and ``cublaslt_loop``
+    (a loop of the package's cuBLASLt block-wise ``scaled_mm`` call, the baseline)."""
+    from fp8_linear.moe.sm90_grouped import quantize_groups
+
+    e, m = counts.numel(), int(counts.sum())
+    w = torch.randn(e, n, k, device=device, dtype=torch.bfloat16) * 0.02
+    qs = [quantize_fp8(w[i], "e4m3", "block") for i in range(e)]
+    b, sb = torch.stack([q for q, _ in qs]), torch.stack([s for _, s in qs])
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    a, sa = quantize_groups(x, torch.float8_e4m3fn)
+    offsets = offsets_from_counts(counts)
+    ends = offsets.tolist()
+    problem = make_grouped_problem(a, b, sa, sb, offsets, check_values=False)
+
+    def torch_grouped():
+        from torch.nn.functional import ScalingType, scaled_grouped_mm
+
+        return scaled_grouped_mm(a, b.transpose(-2, -1), sa, ScalingType.BlockWise1x128, sb,
+                                 ScalingType.BlockWise128x128, offs=offsets, output_dtype=torch.bfloat16)
+
+    ok, why = SM90_GROUPED.supports(torch.device(device))
+    ok, why = SM90_GROUPED.can_run(problem) if ok else (ok, why)
+    return {
+        "ours_sm90": (lambda: SM90_GROUPED.run(problem)) if ok else _unavailable(why),
+        "torch_grouped": torch_grouped,
+        "grouped": lambda: grouped_fp8_gemm_unchecked(a, b, sa, sb, offsets),
+        "per_expert": lambda: PER_EXPERT.run(problem),
+        "cublaslt_loop": _cublaslt_loop(a, b, sa, sb, ends),
+    }, select_grouped_backend(problem).name
+
+
+def gemm_part(cfg: dict, decode: tuple, prefill: tuple, device, reps: int,
+              scales: tuple = ("channel", "block")) -> list[dict]:
     e, k_top, h, i = cfg["num_experts"], cfg["num_experts_per_tok"], cfg["hidden_size"], cfg["moe_intermediate_size"]
     rows = []
-    for phase, tokens_list in (("decode", decode), ("prefill", prefill)):
-        for tokens in tokens_list:
-            counts = route(tokens, e, k_top, device)
-            for proj, n, k in (("gate_up", 2 * i, h), ("down", h, i)):
-                fns, chosen = gemm_candidates(counts, n, k, device)
-                ms = _time(fns, device, reps)
-                row = dict(phase=phase, tokens=tokens, routed=int(counts.sum()), active=int((counts > 0).sum()),
-                           proj=proj, n=n, k=k, grouped_backend=chosen, ms=ms)
-                base = ms.get("scaled_mm_loop")
-                if not isinstance(base, float):  # the bare call refused: the package's cuBLASLt loop is the baseline
-                    base = ms.get("cublaslt_loop")
-                for c in ("grouped", "ours_sm90", "torch_grouped"):
-                    if isinstance(base, float) and isinstance(ms.get(c), float):
-                        row[f"{c}_vs_loop"] = base / ms[c]
-                rows.append(row)
-                ratios = "  ".join(f"{c}/loop={row[f'{c}_vs_loop']:.2f}x" for c in ("ours_sm90", "torch_grouped", "grouped")
-                                   if f"{c}_vs_loop" in row)
-                print(f"{phase:7s} tokens={tokens:5d} {proj:7s} active={row['active']:3d} "
-                      + "  ".join(f"{c}={_fmt(v)}" for c, v in ms.items()) + f"  {ratios} (grouped picks {chosen})")
+    for scale, phase, tokens in [(sc, ph, t) for sc in scales
+                                 for ph, tl in (("decode", decode), ("prefill", prefill)) for t in tl]:
+        counts = route(tokens, e, k_top, device)
+        for proj, n, k in (("gate_up", 2 * i, h), ("down", h, i)):
+            make = block_candidates if scale == "block" else gemm_candidates
+            fns, chosen = make(counts, n, k, device)
+            ms = _time(fns, device, reps)
+            row = dict(scales=scale, phase=phase, tokens=tokens, routed=int(counts.sum()),
+                       active=int((counts > 0).sum()), proj=proj, n=n, k=k, grouped_backend=chosen, ms=ms)
+            base = ms.get("scaled_mm_loop")
+            if not isinstance(base, float):  # the bare call refused: the package's cuBLASLt loop is the baseline
+                base = ms.get("cublaslt_loop")
+            for c in ("grouped", "ours_sm90", "torch_grouped"):
+                if isinstance(base, float) and isinstance(ms.get(c), float):
+                    row[f"{c}_vs_loop"] = base / ms[c]
+            if isinstance(ms.get("per_expert"), float) and isinstance(ms.get("ours_sm90"), float):
+                row["ours_sm90_vs_per_expert"] = ms["per_expert"] / ms["ours_sm90"]
+            rows.append(row)
+            ratios = "  ".join(f"{c}/loop={row[f'{c}_vs_loop']:.2f}x" for c in ("ours_sm90", "torch_grouped", "grouped")
+                               if f"{c}_vs_loop" in row)
+            print(f"{scale:7s} {phase:7s} tokens={tokens:5d} {proj:7s} active={row['active']:3d} "
+                  + "  ".join(f"{c}={_fmt(v)}" for c, v in ms.items()) + f"  {ratios} (grouped picks {chosen})")
     return rows
 
 
@@ -305,6 +360,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5, help="repetitions (medians)")
     ap.add_argument("--compile", action="store_true", help="also compiled static-cache generate")
     ap.add_argument("--skip-model", action="store_true", help="grouped GEMM part only")
+    ap.add_argument("--scales", default=",".join(SCALES),
+                    help="grouped GEMM scale layouts, comma-separated: channel (per-token x per-channel), "
+                         "block (1x128 x 128x128 blocks)")
     ap.add_argument("--quality", action="store_true",
                     help="only the CPU accuracy table: a tiny Qwen3-MoE and its dense twin, every preset")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
@@ -324,13 +382,21 @@ def main(argv=None) -> int:
         decode, prefill_list = QUICK["decode"], QUICK["prefill"]
         layers, prefill, new, reps = QUICK["layers"], QUICK["prefill_len"], QUICK["new_tokens"], QUICK["reps"]
     print(f"device {device}; grouped backends in order: {[b.name for b in grouped_backends()]}")
-    gemm_rows = gemm_part(cfg, decode, prefill_list, device, reps)
+    scales = tuple(s for s in args.scales.split(",") if s)
+    if not scales or any(s not in SCALES for s in scales):
+        ap.error(f"--scales: expected a comma-separated subset of {SCALES}, got {args.scales!r}")
+    gemm_rows = gemm_part(cfg, decode, prefill_list, device, reps, scales)
     model_rows = [] if args.skip_model else model_part(cfg, layers, device, prefill, new, reps, args.compile, args.quick)
     summary = {}
-    for c in ("ours_sm90", "torch_grouped", "grouped"):
-        ratios = [r[f"{c}_vs_loop"] for r in gemm_rows if f"{c}_vs_loop" in r]
-        summary[f"{c}_vs_scaled_mm_loop_min"] = min(ratios) if ratios else None
-        summary[f"{c}_vs_scaled_mm_loop_geomean"] = statistics.geometric_mean(ratios) if ratios else None
+    for scale in scales:  # per-channel keys unsuffixed; block keys "..._block" (baseline: the cuBLASLt block loop)
+        tag = "" if scale == "channel" else f"_{scale}"
+        rows = [r for r in gemm_rows if r["scales"] == scale]
+        for c in ("ours_sm90", "torch_grouped", "grouped"):
+            ratios = [r[f"{c}_vs_loop"] for r in rows if f"{c}_vs_loop" in r]
+            summary[f"{c}_vs_scaled_mm_loop_min{tag}"] = min(ratios) if ratios else None
+            summary[f"{c}_vs_scaled_mm_loop_geomean{tag}"] = statistics.geometric_mean(ratios) if ratios else None
+        ratios = [r["ours_sm90_vs_per_expert"] for r in rows if "ours_sm90_vs_per_expert" in r]
+        summary[f"ours_sm90_vs_per_expert_min{tag}"] = min(ratios) if ratios else None
     bf = {r["compiled"]: r for r in model_rows if r["model"] == "bf16" and "error" not in r}
     for r in model_rows:
         if r["model"] != "bf16" and "error" not in r and r["compiled"] in bf:

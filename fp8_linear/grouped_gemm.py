@@ -17,7 +17,7 @@ Backends (``fp8_linear/moe/grouped_backends.py``), first able one wins:
    ``can_run`` / ``run`` on a :class:`GroupedProblem`);
 2. ``sm90_grouped``: our grouped Hopper kernel (``kernels/include/sm90_grouped.cuh``; one launch, the
    offsets read on the device; fp8 e4m3 / e5m2, per-tensor / per-token x per-expert / per-channel
-   scales, bf16 / fp16 / fp32 out);
+   scales, or 1x128 activation groups x 128x128 weight blocks, bf16 / fp16 / fp32 out);
 3. ``torch_grouped``: ``torch._scaled_grouped_mm`` (one launch; sm90/sm100, e4m3, per-tensor or
    per-row scales, bf16 out);
 4. ``per_expert``: one dense GEMM per expert with tokens through :func:`fp8_linear.gemm.run_problem`,
@@ -56,7 +56,7 @@ class GroupedProblem:
 
     a: ``[M, K]`` FP8, rows sorted by expert, contiguous.
     b: ``[E, N, K]`` FP8, each expert's ``[N, K]`` K-contiguous (a strided view across experts is fine).
-    scale_a: fp32 ``[1]``, ``[M, 1]`` or ``[M, ceil(K/128)]``.
+    scale_a: fp32 ``[1]``, ``[M, 1]`` or ``[M, ceil(K/128)]`` (groups: any strides, e.g. M-major).
     scale_b: fp32 ``[E]`` (per expert), ``[E, N]`` (per channel) or ``[E, ceil(N/128), ceil(K/128)]``.
     offsets: int32/int64 ``[E]``, cumulative row ends, non-decreasing, ``offsets[-1] <= M``.
     bias: ``None`` or ``[E, N]`` float.
@@ -213,7 +213,12 @@ def make_grouped_problem(a, b, scale_a, scale_b, offsets, bias=None, out_dtype=t
         if bias.device != a.device:
             raise ValueError(f"bias: expected device {a.device} (that of a), got {bias.device}")
         bias = bias.contiguous()
-    sa = scale_a.float().reshape(1) if ka == A_TENSOR else scale_a.float().contiguous()
+    if ka == A_TENSOR:
+        sa = scale_a.float().reshape(1)
+    elif ka == A_GROUP:  # any strides: the sm90 kernel reads the M-major layout act_quant writes without a copy
+        sa = scale_a if scale_a.dtype == torch.float32 else scale_a.float()
+    else:
+        sa = scale_a.float().contiguous()
     if kb_ == B_TENSOR:
         sb = scale_b.float().reshape(e)
     elif kb_ == B_CHANNEL:

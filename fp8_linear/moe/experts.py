@@ -43,6 +43,7 @@ from ..ops import quantize_dynamic
 from ..quantize import quantize_fp8, quantize_unchecked, validate_scale
 from ..scheme import QuantScheme, resolve_scheme
 from . import hf
+from .sm90_grouped import quantize_groups
 
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Projection name -> the original module's bias attribute.
@@ -230,6 +231,8 @@ class FP8Experts(nn.Module):
         if static is not None:
             rows_scale = static[sorted_ids.clamp(max=self.num_experts - 1)].unsqueeze(-1)
             q, sa = quantize_unchecked(x, fp8, rows_scale), rows_scale
+        elif self.scheme.activation_granularity == "group":  # M-major scales from act_quant on sm90
+            q, sa = quantize_groups(x, fp8)
         else:
             q, sa = quantize_dynamic(x, fp8, self.scheme.activation_granularity)  # an op under torch.compile
         bias = getattr(self, _BIAS[name], None)

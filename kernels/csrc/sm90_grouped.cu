@@ -1,5 +1,6 @@
 // Host side of the grouped (mixture-of-experts) sm90 FP8 GEMM (include/sm90_grouped.cuh): the tensor
-// maps (weights 3-D {K, N, E}, tokens 2-D {K, M}), the persistent grid and the kernel instances.
+// maps (weights 3-D {K, N, E}, tokens 2-D {K, M}, block-scaled tokens' scales 2-D {M, ceil(K/128)}), the
+// persistent grid and the kernel instances (4 tile widths x 4 format pairs x plain / block scales).
 #include <cudaTypedefs.h>
 
 #include <atomic>
@@ -31,16 +32,35 @@ const char* encode_fp8(CUtensorMap* map, const void* ptr, int rank, const cuuint
   return msg;
 }
 
+// The M-major block scales of the tokens, scale_x [M, kbn] (element [m, kb] at kb * ld + m): fp32 map
+// {M, kbn}, box block_n x 1 (one k-block's scales of a token tile), no swizzle; tokens past M read as zero.
+const char* encode_scales(CUtensorMap* map, const float* ptr, int M, int kbn, long ld, int box_rows) {
+  auto fn = encode_fn();
+  if (fn == nullptr) return "cuTensorMapEncodeTiled not found through cudaGetDriverEntryPointByVersion";
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(kbn)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 4};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t estr[2] = {1, 1};
+  CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(ptr), dims, strides, box, estr,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r == CUDA_SUCCESS) return nullptr;
+  thread_local char msg[256];
+  snprintf(msg, sizeof(msg), "grouped: cuTensorMapEncodeTiled failed (CUresult %d) for scale_x: ptr %p M %d kb %d ld %ld",
+           static_cast<int>(r), static_cast<const void*>(ptr), M, kbn, ld);
+  return msg;
+}
+
 struct GroupedLaunch {
-  CUtensorMap tma_w, tma_x;
+  CUtensorMap tma_w, tma_x, tma_sx;  // tma_sx: block scales only (zeros otherwise, never read)
   GroupedParams p;
   int ctas;
 };
 
-template <int BN, int NACC, int FW, int FX, bool DBL>
+template <int BN, int NACC, int FW, int FX, bool DBL, bool BLK>
 const char* launch_grouped(const GroupedLaunch& gl, cudaStream_t stream) {
-  using C = GroupedCfg<BN>;
-  auto kernel = &fp8_grouped_sm90_kernel<BN, NACC, FW, FX, DBL>;
+  using C = GroupedCfg<BN, BLK>;
+  auto kernel = &fp8_grouped_sm90_kernel<BN, NACC, FW, FX, DBL, BLK>;
   static std::atomic<uint64_t> done_mask{0};  // cudaFuncSetAttribute once per instance and device
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -56,21 +76,27 @@ const char* launch_grouped(const GroupedLaunch& gl, cudaStream_t stream) {
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = C::kSmem;
   cfg.stream = stream;
-  e = cudaLaunchKernelEx(&cfg, kernel, gl.tma_w, gl.tma_x, gl.p);
+  e = cudaLaunchKernelEx(&cfg, kernel, gl.tma_w, gl.tma_x, gl.tma_sx, gl.p);
   if (e != cudaSuccess) return cudaGetErrorString(e);
   e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
-template <int FW, int FX>
+// Block scales (BLK): BN = 128 runs one accumulator without mainloop_double (registers: sm90_grouped.cuh).
+template <int FW, int FX, bool BLK>
 const char* launch_tile(const GroupedLaunch& gl, int block_n, cudaStream_t stream) {
   switch (block_n) {
-    case 16: return launch_grouped<16, 4, FW, FX, false>(gl, stream);
-    case 32: return launch_grouped<32, 4, FW, FX, false>(gl, stream);
-    case 64: return launch_grouped<64, 4, FW, FX, false>(gl, stream);
-    case 128: return launch_grouped<128, 1, FW, FX, true>(gl, stream);
+    case 16: return launch_grouped<16, 4, FW, FX, false, BLK>(gl, stream);
+    case 32: return launch_grouped<32, 4, FW, FX, false, BLK>(gl, stream);
+    case 64: return launch_grouped<64, 4, FW, FX, false, BLK>(gl, stream);
+    case 128: return launch_grouped<128, 1, FW, FX, !BLK, BLK>(gl, stream);
     default: return "grouped: block_n must be 16, 32, 64 or 128";
   }
+}
+
+template <int FW, int FX>
+const char* launch_fmt(const GroupedLaunch& gl, int block_n, bool blk, cudaStream_t stream) {
+  return blk ? launch_tile<FW, FX, true>(gl, block_n, stream) : launch_tile<FW, FX, false>(gl, block_n, stream);
 }
 
 }  // namespace
@@ -112,6 +138,16 @@ const char* grouped_gemm(const GroupedArgs& g, cudaStream_t stream) {
   p.bias_kind = g.bias ? g.bias_kind : 0;
   p.out = g.out;
   p.out_kind = g.out_kind;
+  const long kbn = (g.K + kBK - 1) / kBK;
+  p.kbn = static_cast<int>(kbn);
+  const bool blk = g.scale_block != 0;
+  if (blk) {
+    if (static_cast<long>(g.M) * kbn >= (1L << 31) || static_cast<long>(g.E) * ((g.N + kBM - 1) / kBM) * kbn >= (1L << 31))
+      return "grouped: block scales: M x ceil(K/128) and E x ceil(N/128) x ceil(K/128) must be below 2^31";
+    if (g.scale_x_ld < g.M || g.scale_x_ld % 4 != 0 || reinterpret_cast<uintptr_t>(g.scale_x) % 16 != 0)
+      return "grouped: block scales: scale_x must be M-major with a leading dimension >= M, a multiple of 4, 16-byte aligned";
+    if (const char* e = encode_scales(&gl.tma_sx, g.scale_x, g.M, p.kbn, g.scale_x_ld, g.block_n)) return e;
+  }
   // an upper bound of the work items without reading the offsets: every expert with tokens adds at most
   // one partial token block
   const long num_nb = (g.N + kBM - 1) / kBM;
@@ -119,10 +155,10 @@ const char* grouped_gemm(const GroupedArgs& g, cudaStream_t stream) {
   const int sms = g.num_sms > 0 ? g.num_sms : 132;
   gl.ctas = bound < sms ? static_cast<int>(bound) : sms;
   const int fw = g.fmt_w, fx = g.fmt_x;
-  if (fw == 0 && fx == 0) return launch_tile<0, 0>(gl, g.block_n, stream);
-  if (fw == 0 && fx == 1) return launch_tile<0, 1>(gl, g.block_n, stream);
-  if (fw == 1 && fx == 0) return launch_tile<1, 0>(gl, g.block_n, stream);
-  if (fw == 1 && fx == 1) return launch_tile<1, 1>(gl, g.block_n, stream);
+  if (fw == 0 && fx == 0) return launch_fmt<0, 0>(gl, g.block_n, blk, stream);
+  if (fw == 0 && fx == 1) return launch_fmt<0, 1>(gl, g.block_n, blk, stream);
+  if (fw == 1 && fx == 0) return launch_fmt<1, 0>(gl, g.block_n, blk, stream);
+  if (fw == 1 && fx == 1) return launch_fmt<1, 1>(gl, g.block_n, blk, stream);
   return "grouped: unknown fp8 format code";
 }
 

@@ -1,6 +1,8 @@
 // Grouped (mixture-of-experts) FP8 GEMM for Hopper (sm_90a): one launch for every expert.
 //
 //   out[m, n] = sum_k x[m, k] * w[e(m), n, k] * scale_x[m | 0] * scale_w[e(m)][n | 0] + bias[e(m), n]
+//   (BLK: sum over k-blocks kb of the k-block's partial sum * scale_x[m, kb] * scale_w[e(m), n / 128, kb]
+//    + bias[e(m), n]: 1 x 128 token groups, 128 x 128 weight blocks per expert)
 //
 // DeepGEMM's m-grouped contiguous layout: the routed tokens x [M, K] are sorted by expert, expert e
 // owning rows [offsets[e - 1], offsets[e]) (offsets stay on the device: no host sync, CUDA-graph safe).
@@ -22,11 +24,22 @@
 // 32 of K (four accumulators, as the decode configs); BN = 128 keeps two accumulators in flight
 // (mainloop_double) and promotes every 128 of K. Epilogue: per-thread weight-row scales and biases
 // loaded at the tile start, direct clipped stores (tokens of the tile's expert, n < N).
+//
+// Block scales (BLK, the dense kernel's fine-grained scheme, sm90_blockscale.cuh with its swapped
+// tiles): scale_x [M, ceil(K/128)] M-major (element [m, kb] at kb * ld + m) is read by TMA, one box of
+// the tile's BN token scales per k-block, into the stage's slot on the stage's full barrier (tokens
+// past M read as zero); the expert's weight-block scale scale_w[e, nb, kb] from global memory. Both are
+// applied at each k-block's promotion (BlkPromote), so the epilogue adds only the bias. A 128-row tile
+// is one weight block (kBM == kScaleBlock), hence one weight factor per k-block. BN = 128 with block
+// scales runs one accumulator without mainloop_double: two accumulators, the result and two k-blocks'
+// 32 token factors each would not fit the 232 registers of a consumer thread.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "sm90_blockscale.cuh"
 #include "sm90_epilogue.cuh"
 #include "sm90_grouped_api.h"
 #include "sm90_mainloop.cuh"
@@ -57,23 +70,27 @@ struct GroupedParams {
   int bias_kind;
   void* out;  // [M, N]
   int out_kind;
+  int kbn;  // ceil(K / 128): the row length of block scales (BLK)
 };
 
-// Shared memory of one CTA: S stages of a weight tile (128 x 128) and a token tile (BN x 128), the full /
-// empty barriers, then the work list: per expert its first token block (prefix sum, [E + 1]) and its
-// first row ([E + 1], the clamped offsets).
-template <int BN>
+// Shared memory of one CTA: S stages of a weight tile (128 x 128) and a token tile (BN x 128), (BLK) S
+// slots of a k-block's token scales (kScaleSlotFloats each, TMA destinations right after the 1024-byte
+// aligned stages), the full / empty barriers, then the work list: per expert its first token block
+// (prefix sum, [E + 1]) and its first row ([E + 1], the clamped offsets).
+template <int BN, bool BLK = false>
 struct GroupedCfg {
   static constexpr int kStageA = kBM * kBK;
   static constexpr int kStageB = BN * kBK;
   static constexpr int kStage = kStageA + kStageB;
+  static constexpr int kSlot = BLK ? kScaleSlotFloats * 4 : 0;  // bytes per stage
   static constexpr int kMaxStages = 8;
   static constexpr int kBarBytes = 2 * kMaxStages * 8;
   static constexpr int kTableInts = kGroupedMaxExperts + 1;
   static constexpr int kTableBytes = 2 * kTableInts * 4;
-  static constexpr int kStagesFit = (kSmemLimit - kBarBytes - kTableBytes) / kStage;
+  static constexpr int kStagesFit = (kSmemLimit - kBarBytes - kTableBytes) / (kStage + kSlot);
   static constexpr int kStages = kStagesFit > kMaxStages ? kMaxStages : kStagesFit;
-  static constexpr int kSmem = kStages * kStage + kBarBytes + kTableBytes;
+  static constexpr int kSmem = kStages * (kStage + kSlot) + kBarBytes + kTableBytes;
+  static_assert(scale_box_bytes<BN, true>() <= kScaleSlotFloats * 4, "a k-block's token scales fit a slot");
   static_assert(kStages >= 4, "too few stages");
   static_assert(kStageB % 1024 == 0, "token stage must keep 1024-byte alignment");
   static_assert(kSmem <= kSmemLimit, "shared memory");
@@ -122,22 +139,39 @@ __device__ __forceinline__ void locate(int t, int num_nb, const int* blocks, int
   mb = blk - blocks[e];
 }
 
-template <int BN, int NACC, int FW, int FX, bool DBL>
+// The block-scale promotion of one tile (BLK): the dense kernel's swapped BlkTile (sm90_blockscale.cuh)
+// over expert e's weight-block scales. BlkTile reads three launch fields of EpiParams (blk_sb, blk_kb, N);
+// a local one carries them (the rest is never read). Swapped, BlkTile's row block is the weight block nb.
+template <int BN, int NACC>
+__device__ __forceinline__ BlkPromote<BN, true, NACC> grouped_blk_promote(const float* slots, const GroupedParams& p,
+                                                                          int e, int nb, int num_nb, int lane) {
+  EpiParams ep;
+  ep.blk_sb = p.sw + static_cast<long>(e) * num_nb * p.kbn;
+  ep.blk_kb = p.kbn;
+  ep.N = p.N;
+  return BlkPromote<BN, true, NACC>{BlkTile<BN, true>(slots, ep, nb, 0, 0, 0, lane)};
+}
+
+template <int BN, int NACC, int FW, int FX, bool DBL, bool BLK = false>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_grouped_sm90_kernel(const __grid_constant__ CUtensorMap tma_w, const __grid_constant__ CUtensorMap tma_x,
-                            const __grid_constant__ GroupedParams p) {
+                            const __grid_constant__ CUtensorMap tma_sx, const __grid_constant__ GroupedParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  using C = GroupedCfg<BN>;
+  using C = GroupedCfg<BN, BLK>;
   constexpr int S = C::kStages;
   uint8_t* smem = g_smem;
   uint8_t* sA = smem;
   uint8_t* sB = smem + S * C::kStageA;
-  uint64_t* full = reinterpret_cast<uint64_t*>(sB + S * C::kStageB);
+  float* slots = reinterpret_cast<float*>(sB + S * C::kStageB);  // BLK: S slots of kScaleSlotFloats
+  uint64_t* full = reinterpret_cast<uint64_t*>(sB + S * (C::kStageB + C::kSlot));
   uint64_t* empty = full + C::kMaxStages;
   int* blocks = reinterpret_cast<int*>(full + 2 * C::kMaxStages);
   int* rows = blocks + C::kTableInts;
 
-  if (threadIdx.x == 0) init_stage_barriers<S>(&tma_w, &tma_x, full, empty);
+  if (threadIdx.x == 0) {
+    init_stage_barriers<S>(&tma_w, &tma_x, full, empty);
+    if constexpr (BLK) tma_prefetch_desc(&tma_sx);
+  }
   build_work_list<BN>(p, blocks, rows);  // its __syncthreads also publish the barriers' initialisation
 
   const int num_nb = (p.N + kBM - 1) / kBM;
@@ -149,6 +183,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<RegSplit<BN, DBL>::kProducer>();
     if (threadIdx.x == 0) {
+      constexpr uint32_t kBytes = C::kStage + (BLK ? scale_box_bytes<BN, true>() : 0);
       int stage = 0, e = 0;
       uint32_t phase = 0;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
@@ -157,9 +192,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int y = rows[e] + mb * BN;
         for (int kb = 0; kb < num_kb; ++kb) {
           mbar_wait(&empty[stage], phase ^ 1);
-          mbar_arrive_expect_tx(&full[stage], C::kStage);  // OOB parts are zero-filled and still counted
+          mbar_arrive_expect_tx(&full[stage], kBytes);  // OOB parts are zero-filled and still counted
           tma_load_3d(sA + stage * C::kStageA, &tma_w, &full[stage], kb * kBK, nb * kBM, e);
           tma_load_2d(sB + stage * C::kStageB, &tma_x, &full[stage], kb * kBK, y);
+          if constexpr (BLK) tma_load_2d(slots + stage * kScaleSlotFloats, &tma_sx, &full[stage], y, kb);
           if (++stage == S) {
             stage = 0;
             phase ^= 1;
@@ -182,31 +218,40 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int n0 = nb * kBM + cw * 64 + warp * 16 + lane / 4;  // weight row of fin[4j + e'] (i = 0)
       const int m_begin = rows[e] + mb * BN;
       const int m_end = rows[e + 1];
-      // the tile's weight-row scales and biases, loaded before the main loop (latency hidden by it)
+      // the tile's weight-row scales (BLK: in the promotion instead) and biases, loaded before the main
+      // loop (latency hidden by it)
       float rs[2], rb[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int n = n0 + 8 * i;
         const bool ok = n < p.N;
         const long wi = static_cast<long>(e) * p.N + n;
-        rs[i] = ok ? __ldg(p.sw + (p.sw_row ? wi : e)) : 0.f;
+        rs[i] = BLK || !ok ? 1.f : __ldg(p.sw + (p.sw_row ? wi : e));
         rb[i] = ok ? load_bias(p.bias, p.bias_kind, wi) : 0.f;
       }
       float fin[BN / 2];
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) fin[i] = 0.f;
+      using Pro = std::conditional_t<BLK, BlkPromote<BN, true, NACC>, PlainPromote<BN, NACC>>;
+      const Pro pro = [&]() {
+        if constexpr (BLK) return grouped_blk_promote<BN, NACC>(slots, p, e, nb, num_nb, lane);
+        else return Pro{};
+      }();
       if constexpr (DBL) {
         static_assert(NACC == 1, "DBL keeps one accumulator per k-block");
         mainloop_double<BN, FW, FX, S, C::kStageA, C::kStageB>(fin, sA + cw * 64 * kBK, sB, full, empty, stage, phase,
-                                                              num_kb, lane, []() {}, PlainPromote<BN, 1>{});
+                                                              num_kb, lane, []() {}, pro);
       } else {
         float acc[NACC][BN / 2];
+        typename Pro::Factors f;  // the k-block's factors (BLK), read from its stage before its MMAs
         for (int kb = 0; kb < num_kb; ++kb) {
           mbar_wait(&full[stage], phase);
+          pro.load(f, stage, kb);
           issue_kblock<BN, NACC, FW, FX>(acc, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
           wgmma_wait<0>();
+          pro.before_release();
           release_stage(empty, stage, lane);
-          promote<BN, NACC>(fin, acc);  // FP32 promotion every 128 / NACC of K
+          pro.promote(fin, acc, f);  // FP32 promotion every 128 / NACC of K
           if (++stage == S) {
             stage = 0;
             phase ^= 1;
@@ -220,12 +265,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int h = 0; h < 2; ++h) {
           const int m = m_begin + 8 * j + 2 * (lane % 4) + h;
           if (m >= m_end) continue;
-          const float sm = __ldg(p.sx + (p.sx_row ? m : 0));
+          const float sm = BLK ? 1.f : __ldg(p.sx + (p.sx_row ? m : 0));
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int n = n0 + 8 * i;
             if (n >= p.N) continue;
-            store_one(p.out, p.out_kind, static_cast<long>(m) * p.N + n, fin[4 * j + 2 * i + h] * (rs[i] * sm) + rb[i]);
+            const float v = fin[4 * j + 2 * i + h];
+            store_one(p.out, p.out_kind, static_cast<long>(m) * p.N + n, (BLK ? v : v * (rs[i] * sm)) + rb[i]);
           }
         }
       }

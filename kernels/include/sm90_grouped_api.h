@@ -23,10 +23,13 @@ struct GroupedArgs {
   int fmt_x, fmt_w;       // 0 = e4m3, 1 = e5m2
   const void* offsets;    // [E] cumulative row ends, on the device
   int offsets_64;         // 1: int64, 0: int32
-  const float* scale_x;   // [1] or [M] (per token)
+  const float* scale_x;   // [1] or [M] (per token); block scales: [M, ceil(K/128)] M-major (1 x 128 groups)
   int scale_x_row;        // 0: [1], 1: [M]
-  const float* scale_w;   // [E] (per expert) or [E, N] (per expert and channel)
+  long scale_x_ld;        // block scales: elements between two k-blocks' columns of scale_x (>= M, % 4 == 0)
+  const float* scale_w;   // [E] (per expert) or [E, N] (per expert and channel);
+                          // block scales: [E, ceil(N/128), ceil(K/128)] contiguous (128 x 128 blocks)
   int scale_w_row;        // 0: [E], 1: [E, N]
+  int scale_block;        // 1: block scales (scale_x groups, scale_w blocks), applied at each k-block's promotion
   const void* bias;       // nullptr or [E, N] contiguous
   int bias_kind;          // 0 none, 1 fp32, 2 bf16, 3 fp16
   void* out;              // [M, N] row-major
