@@ -286,6 +286,8 @@ at::Tensor linear_fwd(const at::Tensor& x, const at::Tensor& weight, const c10::
 // Grouped (mixture-of-experts) GEMM into `out` [M, N] (include/sm90_grouped_api.h): x [M, K] tokens sorted by
 // expert, w [E, N, K] (each expert K-contiguous), offsets [E] int32 / int64 cumulative row ends (device),
 // scale_x [1] / [M, 1], scale_w [E] / [E, N], bias [E, N] or None; block_n: the token tile (16/32/64/128).
+// Block scales: scale_x [M, ceil(K/128)] (1 x 128 groups; read M-major, any other layout is copied into
+// it) with scale_w [E, ceil(N/128), ceil(K/128)] contiguous (128 x 128 blocks per expert).
 void grouped_gemm_out(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale_x, const at::Tensor& scale_w,
                       const at::Tensor& offsets, const c10::optional<at::Tensor>& bias, at::Tensor& out,
                       int64_t block_n) {
@@ -301,10 +303,18 @@ void grouped_gemm_out(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   FP8_CHECK(offsets.numel() == E && offsets.is_contiguous() &&
                 (offsets.scalar_type() == at::kInt || offsets.scalar_type() == at::kLong),
             "grouped_gemm: offsets must be a contiguous int32 / int64 [E]");
-  FP8_CHECK(scale_x.scalar_type() == at::kFloat && scale_w.scalar_type() == at::kFloat && scale_x.is_contiguous() &&
-                scale_w.is_contiguous(), "grouped_gemm: scales must be contiguous float32");
-  FP8_CHECK(scale_x.numel() == 1 || scale_x.numel() == M, "grouped_gemm: scale_x must be [1] or [M, 1]");
-  FP8_CHECK(scale_w.numel() == E || scale_w.numel() == E * N, "grouped_gemm: scale_w must be [E] or [E, N]");
+  const int64_t kbn = (K + kScaleBlock - 1) / kScaleBlock, nbn = (N + kScaleBlock - 1) / kScaleBlock;
+  const bool block = scale_w.dim() == 3 && scale_w.size(0) == E && scale_w.size(1) == nbn && scale_w.size(2) == kbn &&
+                     scale_x.dim() == 2 && scale_x.size(0) == M && scale_x.size(1) == kbn && !(kbn == 1 && nbn == 1);
+  FP8_CHECK(scale_x.scalar_type() == at::kFloat && scale_w.scalar_type() == at::kFloat &&
+                (block || scale_x.is_contiguous()) && scale_w.is_contiguous(),
+            "grouped_gemm: scales must be contiguous float32 (1x128 group scale_x: any strides)");
+  FP8_CHECK(block || scale_x.numel() == 1 || scale_x.numel() == M,
+            "grouped_gemm: scale_x must be [1], [M, 1] or (with a block scale_w) [M, ceil(K/128)], got ",
+            dims_str(scale_x.sizes()));
+  FP8_CHECK(block || scale_w.numel() == E || scale_w.numel() == E * N,
+            "grouped_gemm: scale_w must be [E], [E, N] or (with a group scale_x) [E, ceil(N/128), ceil(K/128)], got ",
+            dims_str(scale_w.sizes()));
   FP8_CHECK(M < (1LL << 31) && N < (1LL << 31) && K < (1LL << 31), "grouped_gemm: dims too large");
   fp8sm90::GroupedArgs g{};
   g.x = x.data_ptr();
@@ -318,10 +328,14 @@ void grouped_gemm_out(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   g.fmt_w = fmt_code(w, "w");
   g.offsets = offsets.data_ptr();
   g.offsets_64 = offsets.scalar_type() == at::kLong ? 1 : 0;
-  g.scale_x = scale_x.data_ptr<float>();
-  g.scale_x_row = (scale_x.numel() == M && M > 1) ? 1 : 0;
+  // a block scale_x is read M-major (the layout act_quant writes); any other layout is copied into it
+  const at::Tensor sx = !block || is_m_major(scale_x) ? scale_x : new_group_scales(M, K, scale_x.options()).copy_(scale_x);
+  g.scale_x = sx.data_ptr<float>();
+  g.scale_x_row = (!block && scale_x.numel() == M && M > 1) ? 1 : 0;
+  g.scale_x_ld = block && kbn > 1 ? sx.stride(1) : group_scale_ld(M);
   g.scale_w = scale_w.data_ptr<float>();
-  g.scale_w_row = (scale_w.numel() == E * N && N > 1) ? 1 : 0;
+  g.scale_w_row = (!block && scale_w.numel() == E * N && N > 1) ? 1 : 0;
+  g.scale_block = block ? 1 : 0;
   if (bias.has_value() && bias->defined()) {
     FP8_CHECK(bias->device() == x.device() && bias->numel() == E * N && bias->is_contiguous(),
               "grouped_gemm: bias must be a contiguous [E, N]");
