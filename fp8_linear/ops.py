@@ -21,6 +21,9 @@ op                                  meaning
 Each op's Python wrapper below calls the implementation directly in eager mode (no dispatcher
 round trip: at decode sizes that is most of a layer's host time) and the registered op while
 ``torch.compile`` traces; both run the same code, so compiled outputs are bitwise the eager ones.
+The exception is the static and per-token activation quantization, which is traced as torch ops
+(:mod:`fp8_linear.graph_quant`) so that inductor fuses it into the kernel that produces the
+activation; those ops compute the kernels' bits (IEEE division through an fp64 quotient).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import math
 
 import torch
 
+from . import graph_quant
 from .formats import GROUP_SIZE
 
 NAMESPACE = "fp8_linear"
@@ -128,8 +132,8 @@ _compiling = torch.compiler.is_dynamo_compiling
 # ---------------------------------------------------------------- callers: eager -> impl, traced -> op
 def quantize_static(x: torch.Tensor, scale: torch.Tensor, fp8: torch.dtype) -> torch.Tensor:
     """``x`` ``[M, K]`` (bf16/fp16/fp32) quantized to ``fp8`` with the per-tensor fp32 ``scale`` ``[1]``."""
-    if _compiling():
-        return _ops.quantize_static(x, scale, fp8)
+    if _compiling():  # torch ops that inductor fuses into x's producer (bitwise the kernels' result)
+        return graph_quant.quantize_static(x, scale, fp8)
     return _quantize_static_impl(x, scale, fp8)
 
 
@@ -137,6 +141,8 @@ def quantize_dynamic(x: torch.Tensor, fp8: torch.dtype, granularity: str) -> tup
     """``(q, scale)`` of ``x`` ``[M, K]``: per ``tensor`` (scale ``[1]``), per ``token`` (``[M, 1]``) or 1x128
     ``group`` (``[M, ceil(K/128)]``), the scales computed from ``x`` itself."""
     if _compiling():
+        if granularity == "token":  # as quantize_static
+            return graph_quant.quantize_per_token(x, fp8)
         return _ops.quantize_dynamic(x, fp8, granularity)
     return _quantize_dynamic_impl(x, fp8, granularity)
 

@@ -27,6 +27,7 @@ from .base import (
     MODE_DYNAMIC_TENSOR,
     MODE_GROUP,
     MODE_STATIC,
+    MODE_TOKEN,
     ROW_KINDS,
     SCALE_BLOCK,
     SCALE_GROUP,
@@ -279,6 +280,10 @@ class Sm90Backend(Backend):
         if spec.mode == MODE_DYNAMIC_TENSOR:  # no fused mode: torch-op quantization, then the GEMM op
             return quantize_and_gemm(layer, x, _gemm_op)
         if _dynamo_compiling():
+            if spec.mode in (MODE_STATIC, MODE_TOKEN) and spec.weight_kind != SCALE_BLOCK:
+                # traced quantization (fp8_linear.graph_quant: inductor fuses it into the kernel that
+                # produces x) + the GEMM op: one launch per layer inside the graph instead of two
+                return quantize_and_gemm(layer, x, _gemm_op)
             return torch.ops.fp8_linear.sm90_linear(x, p["weight"], p["input_scale"], p["weight_scale"], p["bias"],
                                                     spec.mode, spec.weight_kind == SCALE_BLOCK)
         return _linear(x, p["weight"], p["input_scale"], p["weight_scale"], p["bias"], spec.mode,
