@@ -8,6 +8,9 @@ embeddings, norms and ``lm_head`` stay BF16. Paths: ``bf16``; every preset on th
 torchao float8 (``Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())``: dynamic per-row
 activations and weights, what a transformers user picks with ``TorchAoConfig``) when ``torchao``
 imports (install the wheel first: ``pip install --no-deps .whl/torchao-*.whl``), else a note.
+With ``--fuse`` each FP8 path also runs (or, without ``--no-fuse``, only runs) with its q/k/v and
+gate/up projections fused into one GEMM each (``fp8_linear.fuse_projections``; rows ``<preset>
+<backend> fused``; the linear-layer split then times the fused GEMMs a forward launches).
 
 Per path and model:
 
@@ -37,6 +40,7 @@ so a run stopped by a time limit keeps what it measured).
     python -m benchmarks.e2e                      # full depth, both models, every path
     python -m benchmarks.e2e --quick              # ~4 minutes on an H200: 2 layers of the 8B shape
     python -m benchmarks.e2e --models llama3-8b --presets fp8-dynamic --cublaslt fp8-dynamic --budget-s 500
+    python -m benchmarks.e2e --models llama3-8b --presets fp8-tensor --cublaslt "" --fuse --no-fuse  # both rows
 
 A full-depth run compiles the decode step once per path and batch (tens of seconds each at 32
 layers); ``--budget-s`` skips what would not finish in time (the table and JSON say what was
@@ -56,7 +60,8 @@ import time
 import torch
 from torch import nn
 
-from fp8_linear import FP8Linear, settings
+from fp8_linear import FP8Linear, fuse_projections, settings, unfuse_projections
+from fp8_linear.fusion import launched_layers
 
 try:
     from benchmarks.e2e_decode import (COMPARED_TOKENS, FirstScores, compare_greedy, describe_greedy, replay_forward,
@@ -270,8 +275,9 @@ def run_path(model, label: str, args, batches: list[int], clock=None, kind: str 
     held outside the model (the BF16 linear layers kept for the next path), left out of the peak."""
     lin = list(decoder_linears(model).values())
     backends = sorted({m.backend for m in lin if isinstance(m, FP8Linear)}) or [kind]
+    calls = launched_layers(lin)  # fused groups (--fuse) as the one GEMM each that a forward launches
     row = dict(path=label, backends=backends, weight_gb=weight_bytes([model]) / 1e9,
-               linear_weight_gb=weight_bytes(lin) / 1e9)
+               linear_weight_gb=weight_bytes(lin) / 1e9, linear_calls=len(calls))
     if _cuda():
         torch.cuda.reset_peak_memory_stats()
     ids = torch.randint(0, model.config.vocab_size, (1, args.prefill), device=DEVICE)
@@ -303,7 +309,7 @@ def run_path(model, label: str, args, batches: list[int], clock=None, kind: str 
         # rows (sequences of the batch) whose first COMPARED_TOKENS greedy tokens agree, compiled vs eager
         cell["same_tokens_rows"] = cmp["rows"] if cmp else None
         try:
-            lin_ms = linear_step_ms(lin, b)
+            lin_ms = linear_step_ms(calls, b)
         except Exception as e:  # noqa: BLE001 - e.g. layers that cannot be captured in a CUDA graph
             lin_ms, cell["linear_error"] = None, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         comp = cell.get("compiled", {})
@@ -441,6 +447,10 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-torchao", action="store_true")
+    ap.add_argument("--fuse", action="store_true",
+                    help="FP8 paths with fused q/k/v and gate/up GEMMs (fp8_linear.fuse_projections): rows '<preset> <backend> fused'")
+    ap.add_argument("--no-fuse", action="store_true",
+                    help="FP8 paths unfused (the default without --fuse); give both flags for both rows of each path")
     ap.add_argument("--skip-eager", action="store_true", help="leave out the eager decode (its 32 reference tokens still run)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="wall-clock budget: compiled cells that would not finish in time are skipped (and listed)")
@@ -462,6 +472,7 @@ def main(argv=None) -> int:
     presets = [p for p in args.presets.split(",") if p]
     on_cublaslt = presets if args.cublaslt is None else [p for p in args.cublaslt.split(",") if p]
     on_ours = presets if args.ours is None else [p for p in args.ours.split(",") if p]
+    fusions = ([False] if args.no_fuse or not args.fuse else []) + ([True] if args.fuse else [])
     notes, results, path = [], {}, None
     clock = Budget(args.budget_s, args.compile_guess_s)
     for name in args.models.split(","):
@@ -476,14 +487,20 @@ def main(argv=None) -> int:
         results[name] = dict(layers=layers, rows=rows)
         path = save(results, notes, args, path)
         for preset in presets:
-            for backend in ([None] if preset in on_ours else []) + (["cublaslt"] if preset in on_cublaslt else []):
-                label = f"{preset} {'cublaslt' if backend else 'ours'}"
+            for backend, fused in [(bk, fu) for bk in ([None] if preset in on_ours else []) + (["cublaslt"] if preset in on_cublaslt else [])
+                                   for fu in fusions]:
+                label = f"{preset} {'cublaslt' if backend else 'ours'}" + (" fused" if fused else "")
                 try:
                     with forced_backend(backend):
                         swap_in(model, fp8_layers(bf16, preset, amax))
-                        rows.append(run_path(model, label, args, batches, clock, held_bytes=weight_bytes(bf16.values())))
+                        report = fuse_projections(model) if fused else None
+                        row = run_path(model, label, args, batches, clock, held_bytes=weight_bytes(bf16.values()))
+                        if report is not None:
+                            row["fusion"] = dict(groups=len(report.fused), skipped=[f"{s.parent}: {s.reason}" for s in report.skipped])
+                        rows.append(row)
                 except Exception as e:  # noqa: BLE001 - e.g. a forced backend that cannot run a preset
                     rows.append(dict(path=label, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"))
+                unfuse_projections(model)  # the parents' hooks go with it
                 swap_in(model, bf16)
                 reset_compiled(model)
                 path = save(results, notes, args, path)

@@ -3,10 +3,13 @@
     python examples/serve_fast.py smollm2-fp8                 # a folder saved by save_quantized (or llm-compressor, ...)
     python examples/serve_fast.py smollm2-fp8 --batch 16 --new-tokens 256
     python examples/serve_fast.py                             # no folder: quantizes the bundled SmolLM2 first
+    python examples/serve_fast.py smollm2-fp8 --no-fuse       # q/k/v and gate/up as separate GEMMs
 
 ``generate(..., cache_implementation="static")`` makes transformers compile the decode step with
 ``torch.compile`` (CUDA graphs, ``mode="reduce-overhead"``); ``FP8Linear`` traces with no graph break,
-so each step is one graph replay. The first call compiles (tens of seconds), later calls are fast: the
+so each step is one graph replay. Before compiling, ``fp8_linear.fuse_projections`` runs each decoder
+layer's q/k/v and gate/up projections as one GEMM each (4 FP8 GEMMs a layer instead of 7; ``--no-fuse``
+keeps them apart). The first call compiles (tens of seconds), later calls are fast: the
 script times a second call. On a CPU, pass ``--compile-on-cpu`` to compile there too (slow to compile).
 See docs/serving.md.
 """
@@ -38,6 +41,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--compile-on-cpu", action="store_true", help="compile the decode step on a CPU as well")
+    ap.add_argument("--no-fuse", action="store_true", help="keep q/k/v and gate/up as separate FP8 GEMMs")
     args = ap.parse_args()
     from transformers import AutoTokenizer
     from transformers.generation.configuration_utils import CompileConfig
@@ -58,6 +62,8 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(folder)
     layers = [m for m in model.modules() if isinstance(m, fp8_linear.FP8Linear)]
     print(f"{len(layers)} FP8Linear layers on {device}, backend {sorted({m.backend for m in layers})}")
+    if not args.no_fuse:
+        print(fp8_linear.fuse_projections(model))  # after the move to the device, before compiling
     ids = tok([PROMPT] * args.batch, return_tensors="pt").input_ids.to(device)
     compile_config = CompileConfig(fullgraph=True)
     if device.type != "cuda" and args.compile_on_cpu:
