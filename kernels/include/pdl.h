@@ -28,7 +28,7 @@ bool enabled();
 void set_enabled(bool on);
 
 // K-blocks of its first work item's weight tile that each GEMM CTA prefetches into L2 before its wait,
-// in PDL launches only: -1 = the kernel's stage count (the default), 0 = none, n = min(n, the item's
+// in PDL launches only: -1 = the kernel's stage count, 0 = none (the default: measured slower), n = min(n, the item's
 // k-blocks). FP8_LINEAR_PDL_PREFETCH (read once per process); set_prefetch_kblocks overrides it.
 int prefetch_kblocks();
 void set_prefetch_kblocks(int n);

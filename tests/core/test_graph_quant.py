@@ -81,6 +81,7 @@ def test_rounding_boundaries_and_all_zero_rows(fp8):
 @pytest.mark.slow
 @pytest.mark.parametrize("fp8", FORMATS)
 def test_compiled_cpu_matches_eager(fp8):
+    torch._dynamo.reset()
     x = torch.cat([_inputs(5, 4096, torch.float32), _boundary_inputs(0.0123)[:, :4096]])
     s = torch.tensor([0.0123])
     static = torch.compile(graph_quant.quantize_static, fullgraph=True, dynamic=False)
@@ -99,6 +100,7 @@ def test_compiled_gpu_matches_our_kernel(fp8, dtype, rows, k):
     """Inductor's Triton code (fp64 quotient) against the sm90 extension's act_quant (``__fdiv_rn``)."""
     from fp8_linear.backends import sm90
 
+    torch._dynamo.reset()  # one compile per parametrization: stay under dynamo's recompile limit
     ok, why = sm90.Sm90Backend().supports(torch.device("cuda"))
     if not ok:
         pytest.skip(why)
