@@ -259,11 +259,12 @@ def test_set_pdl_state_and_clamp():
     assert ext.pdl_state() == (True, -1)
 
 
-@pytest.mark.parametrize("env,want", [({"FP8_LINEAR_PDL": "0"}, (False, -1)),
+@pytest.mark.parametrize("env,want", [({"FP8_LINEAR_PDL": "0"}, (False, 0)),
                                       ({"FP8_LINEAR_PDL": "1", "FP8_LINEAR_PDL_PREFETCH": "3"}, (True, 3)),
-                                      ({"FP8_LINEAR_PDL_PREFETCH": "x"}, (True, -1))])
+                                      ({"FP8_LINEAR_PDL_PREFETCH": "-1"}, (True, -1)),
+                                      ({"FP8_LINEAR_PDL_PREFETCH": "x"}, (True, 0))])
 def test_environment_switch(env, want):
-    """FP8_LINEAR_PDL=0 turns PDL off for the process, FP8_LINEAR_PDL_PREFETCH sets the depth (read once)."""
+    """FP8_LINEAR_PDL=0 turns PDL off for the process, FP8_LINEAR_PDL_PREFETCH sets the depth (read once; unset or unreadable: 0, no prefetch)."""
     code = (f"import importlib; j = importlib.import_module('{jit.__name__}'); e = j.load(); "
             "print(e.pdl_state())")
     full = {k: v for k, v in os.environ.items() if not k.startswith("FP8_LINEAR_PDL")}
