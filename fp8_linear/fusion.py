@@ -121,19 +121,20 @@ def _weight_kind(layer: FP8Linear) -> str:
     return "block"
 
 
-def fusion_refusal(layers: list[FP8Linear]) -> str | None:
+def fusion_refusal(layers: list[FP8Linear], _grouped: bool = False) -> str | None:
     """Why ``layers`` (``FP8Linear`` modules of one parent) cannot run as one exact GEMM, or ``None``.
 
     Exact means: the same input features, FP8 format, device and bias dtype; one activation
     quantization (the same static ``input_scale`` value bit for bit, or the same dynamic granularity);
     weight scales that give every output row its member's factor (per-tensor and per-channel members
     mix; 128x128 blocks only with blocks, and only where every member's N is a multiple of 128).
+    ``_grouped``: the layers are already the members of one group (their class :class:`FusedFP8Linear`).
     """
     if len(layers) < 2:
         return "fewer than two layers"
     first = layers[0]
     for m in layers:
-        if type(m) is not FP8Linear:
+        if type(m) is not (FusedFP8Linear if _grouped else FP8Linear):
             return f"{type(m).__name__} is not a plain FP8Linear (already fused, or a subclass)"
         if m._parameters["weight"].device.type == "meta":
             return "weights on the meta device"
@@ -279,7 +280,7 @@ class SiblingGroup:
             if mp.get("bias") is not None:
                 _copy_if_apart(fp["bias"][start:stop], mp["bias"])
         self.link(index)
-        why = fusion_refusal_members(self.members)
+        why = fusion_refusal(self.members, _grouped=True)
         if why is None:
             if fp.get("input_scale") is not None:
                 with torch.no_grad():
@@ -315,18 +316,6 @@ class SiblingGroup:
                 m.__dict__.pop(attr, None)
             m._try_prepare()
         self._key, self._out, self._served, self._active = None, None, 0, False
-
-
-def fusion_refusal_members(members: list[FP8Linear]) -> str | None:
-    """:func:`fusion_refusal` for members already in a group (their class is :class:`FusedFP8Linear`)."""
-    classes = [m.__class__ for m in members]
-    try:
-        for m in members:
-            m.__class__ = FP8Linear
-        return fusion_refusal(members)
-    finally:
-        for m, c in zip(members, classes):
-            m.__class__ = c
 
 
 def _copy_if_apart(dst: torch.Tensor, src: torch.Tensor) -> None:
