@@ -100,8 +100,13 @@ LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
 #: fits its consumers' 240 registers since its promotion is dispatched on the tile column where the
 #: second weight block starts (with that column at run time ptxas spilled 76-88 bytes; docs/kernel-log.md
 #: v29).
+#: Config 10's block instance is not a candidate: on the H200 it ran slower than config 7's block
+#: instance on every shape it would take (70B o: 268.3 against 246.9 us at M = 2048, 1115.8 against
+#: about 1001 at 8192; ``python -m benchmarks.gemm_bench --mode block --quick``, 2026-12-01); it stays
+#: compiled and is forced by id in the tests.
+BLOCK_SLOWER_THAN_7 = (10,)
 BLOCK_LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = tuple(
-    c for c in LARGE_M_CANDIDATES if CONFIG_BY_ID[c[0]].block_scales)
+    c for c in LARGE_M_CANDIDATES if CONFIG_BY_ID[c[0]].block_scales and c[0] not in BLOCK_SLOWER_THAN_7)
 
 #: Swapped twins of the large-M candidates: config 14 = 7 and config 15 = 10 with A/B swapped (the
 #: weight's rows on wgmma's M side; scale_b[n] is then a per-thread row scale loaded at the tile start,
@@ -203,7 +208,8 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
     split K (:func:`select_splits`; the swapped large-M configs have no split-K instances).
 
     ``block``: fine-grained scales (1x128 activation groups, 128x128 weight blocks). The same choice
-    among the candidates with ``block_scales`` instances (BLOCK_LARGE_M_CANDIDATES: 7, 6 and 10, not the
+    among the candidates with ``block_scales`` instances (BLOCK_LARGE_M_CANDIDATES: 7 and 6; not 10, measured
+    slower, and not the
     swapped large-M configs, whose epilogue serves a per-tensor scale_a and whose threads would hold
     BN activation factors each).
     """
