@@ -459,3 +459,29 @@ def test_fused_smollm2_greedy_tokens_match_unfused(smollm2):
         assert torch.equal(eager, ref), (preset, tok.decode(eager[0]), tok.decode(ref[0]))
         assert torch.equal(static, ref), (preset, tok.decode(static[0]), tok.decode(ref[0]))
     torch._dynamo.reset()
+
+
+def test_bart_encoder_decoder_fuses_cross_attention_key_value():
+    """A real encoder-decoder (Bart): self-attention q/k/v and cross-attention k/v (on the encoder's
+    states) fuse; greedy tokens equal the unfused model's."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    torch.manual_seed(0)
+    cfg = BartConfig(vocab_size=256, d_model=128, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256, max_position_embeddings=64)
+    base = BartForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for p in base.parameters():
+            if p.dim() == 2:
+                p.mul_(WEIGHT_GAIN)
+    ids = _random_ids((2, 10), seed=3)
+    model = swap_in_fp8(base, ids, "fp8-dynamic")
+    twin = copy.deepcopy(model)
+    rep = fuse_projections(model)
+    got = sorted((g.parent.split(".")[-1], g.members) for g in rep.fused)
+    assert got == [("encoder_attn", ("k_proj", "v_proj")), ("self_attn", QKV), ("self_attn", QKV)], got
+    kw = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, num_beams=1)
+    with torch.inference_mode():
+        out, ref = model.generate(ids, **kw), twin.generate(ids, **kw)
+    assert torch.equal(out, ref)
+    assert all(g.enabled and g._key is None for g in fusion_groups(model))
