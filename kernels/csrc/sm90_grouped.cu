@@ -33,7 +33,8 @@ const char* encode_fp8(CUtensorMap* map, const void* ptr, int rank, const cuuint
 }
 
 // The M-major block scales of the tokens, scale_x [M, kbn] (element [m, kb] at kb * ld + m): fp32 map
-// {M, kbn}, box block_n x 1 (one k-block's scales of a token tile), no swizzle; tokens past M read as zero.
+// {M, kbn}, box box_rows x 1 (one k-block's scales of a token tile from the 16-byte aligned row before
+// it: grouped_sx_box), no swizzle; tokens past M read as zero.
 const char* encode_scales(CUtensorMap* map, const float* ptr, int M, int kbn, long ld, int box_rows) {
   auto fn = encode_fn();
   if (fn == nullptr) return "cuTensorMapEncodeTiled not found through cudaGetDriverEntryPointByVersion";
@@ -146,7 +147,8 @@ const char* grouped_gemm(const GroupedArgs& g, cudaStream_t stream) {
       return "grouped: block scales: M x ceil(K/128) and E x ceil(N/128) x ceil(K/128) must be below 2^31";
     if (g.scale_x_ld < g.M || g.scale_x_ld % 4 != 0 || reinterpret_cast<uintptr_t>(g.scale_x) % 16 != 0)
       return "grouped: block scales: scale_x must be M-major with a leading dimension >= M, a multiple of 4, 16-byte aligned";
-    if (const char* e = encode_scales(&gl.tma_sx, g.scale_x, g.M, p.kbn, g.scale_x_ld, g.block_n)) return e;
+    if (const char* e = encode_scales(&gl.tma_sx, g.scale_x, g.M, p.kbn, g.scale_x_ld, grouped_sx_box(g.block_n)))
+      return e;
   }
   // an upper bound of the work items without reading the offsets: every expert with tokens adds at most
   // one partial token block

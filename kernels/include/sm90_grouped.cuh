@@ -27,9 +27,13 @@
 //
 // Block scales (BLK, the dense kernel's fine-grained scheme, sm90_blockscale.cuh with its swapped
 // tiles): scale_x [M, ceil(K/128)] M-major (element [m, kb] at kb * ld + m) is read by TMA, one box of
-// the tile's BN token scales per k-block, into the stage's slot on the stage's full barrier (tokens
-// past M read as zero); the expert's weight-block scale scale_w[e, nb, kb] from global memory. Both are
-// applied at each k-block's promotion (BlkPromote), so the epilogue adds only the bias. A 128-row tile
+// the tile's token scales per k-block, into the stage's slot on the stage's full barrier (tokens past M
+// read as zero); the expert's weight-block scale scale_w[e, nb, kb] from global memory. A TMA box must
+// start 16-byte aligned in global memory (its innermost coordinate a multiple of 16 bytes; otherwise
+// the load faults as an illegal instruction), and an expert's token tile starts at any row: the box
+// starts at the tile's first row rounded down to kSxAlign tokens and is kSxAlign wider (grouped_sx_box),
+// and each thread reads its scales shifted by the remainder (GroupedBlkPromote). Both are
+// applied at each k-block's promotion (GroupedBlkPromote), so the epilogue adds only the bias. A 128-row tile
 // is one weight block (kBM == kScaleBlock), hence one weight factor per k-block. BN = 128 with block
 // scales runs one accumulator without mainloop_double: two accumulators, the result and two k-blocks'
 // 32 token factors each would not fit the 232 registers of a consumer thread.
@@ -73,16 +77,31 @@ struct GroupedParams {
   int kbn;  // ceil(K / 128): the row length of block scales (BLK)
 };
 
+// TMA facts: a box's first element in global memory and its shared-memory destination must be 16- and
+// 128-byte aligned.
+constexpr int kTmaGlobalAlign = 16;
+constexpr int kTmaSmemAlign = 128;
+// Token scales (fp32) per 16 bytes: the scale box starts at the tile's first row rounded down to this.
+constexpr int kSxAlign = kTmaGlobalAlign / static_cast<int>(sizeof(float));
+// The scale box of a BN-token tile (host: the tensor map's box; device: the expect-tx bytes): BN tokens
+// from any row, read from the aligned row before it (a multiple of 16 bytes, as TMA boxes must be).
+__host__ __device__ constexpr int grouped_sx_box(int bn) { return bn + kSxAlign; }
+// Floats of one stage's scale slot: the box, rounded up to whole TMA destinations.
+__host__ __device__ constexpr int grouped_slot_floats(int bn) {
+  return (grouped_sx_box(bn) * 4 + kTmaSmemAlign - 1) / kTmaSmemAlign * kTmaSmemAlign / 4;
+}
+
 // Shared memory of one CTA: S stages of a weight tile (128 x 128) and a token tile (BN x 128), (BLK) S
-// slots of a k-block's token scales (kScaleSlotFloats each, TMA destinations right after the 1024-byte
-// aligned stages), the full / empty barriers, then the work list: per expert its first token block
-// (prefix sum, [E + 1]) and its first row ([E + 1], the clamped offsets).
+// slots of a k-block's token scales (grouped_slot_floats each, TMA destinations right after the
+// 1024-byte aligned stages), the full / empty barriers, then the work list: per expert its first token
+// block (prefix sum, [E + 1]) and its first row ([E + 1], the clamped offsets).
 template <int BN, bool BLK = false>
 struct GroupedCfg {
   static constexpr int kStageA = kBM * kBK;
   static constexpr int kStageB = BN * kBK;
   static constexpr int kStage = kStageA + kStageB;
-  static constexpr int kSlot = BLK ? kScaleSlotFloats * 4 : 0;  // bytes per stage
+  static constexpr int kSlotFloats = BLK ? grouped_slot_floats(BN) : 0;
+  static constexpr int kSlot = kSlotFloats * 4;  // bytes per stage
   static constexpr int kMaxStages = 8;
   static constexpr int kBarBytes = 2 * kMaxStages * 8;
   static constexpr int kTableInts = kGroupedMaxExperts + 1;
@@ -90,7 +109,10 @@ struct GroupedCfg {
   static constexpr int kStagesFit = (kSmemLimit - kBarBytes - kTableBytes) / (kStage + kSlot);
   static constexpr int kStages = kStagesFit > kMaxStages ? kMaxStages : kStagesFit;
   static constexpr int kSmem = kStages * (kStage + kSlot) + kBarBytes + kTableBytes;
-  static_assert(scale_box_bytes<BN, true>() <= kScaleSlotFloats * 4, "a k-block's token scales fit a slot");
+  static_assert(!BLK || (grouped_sx_box(BN) * 4 % kTmaGlobalAlign == 0 && grouped_sx_box(BN) <= 256),
+                "the scale box: a multiple of 16 bytes, at most 256 elements");
+  static_assert(kSlot % kTmaSmemAlign == 0 && (kStages * kStage) % kTmaSmemAlign == 0,
+                "the scale slots are TMA destinations: 128-byte aligned");
   static_assert(kStages >= 4, "too few stages");
   static_assert(kStageB % 1024 == 0, "token stage must keep 1024-byte alignment");
   static_assert(kSmem <= kSmemLimit, "shared memory");
@@ -139,17 +161,46 @@ __device__ __forceinline__ void locate(int t, int num_nb, const int* blocks, int
   mb = blk - blocks[e];
 }
 
-// The block-scale promotion of one tile (BLK): the dense kernel's swapped BlkTile (sm90_blockscale.cuh)
-// over expert e's weight-block scales. BlkTile reads three launch fields of EpiParams (blk_sb, blk_kb, N);
-// a local one carries them (the rest is never read). Swapped, BlkTile's row block is the weight block nb.
+// The block-scale promotion of one tile (BLK): the dense kernel's swapped BlkTile and promote_blk
+// (sm90_blockscale.cuh) over expert e's weight-block scales, with the grouped slot: its box starts at
+// the tile's first row m0 rounded down to kSxAlign tokens, so a thread's first token scale sits at
+// 2 (lane % 4) + m0 % kSxAlign (BlkTile::pos), which may be odd: read as single floats (BlkTile::load's
+// float2 reads need an even position).
 template <int BN, int NACC>
-__device__ __forceinline__ BlkPromote<BN, true, NACC> grouped_blk_promote(const float* slots, const GroupedParams& p,
-                                                                          int e, int nb, int num_nb, int lane) {
+struct GroupedBlkPromote {
+  using Factors = BlkFactors<BN, true>;
+  static constexpr int kSlotFloats = GroupedCfg<BN, true>::kSlotFloats;
+  BlkTile<BN, true> tile;
+  // the factors of the tile's i-th k-block, in stage `stage` (its full barrier has completed)
+  __device__ __forceinline__ void load(Factors& f, int stage, int i) const {
+    const float* slot = tile.slots + stage * kSlotFloats + tile.pos;
+    f.w0 = f.w1 = __ldg(tile.w0 + i);
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      f.a[2 * j] = slot[8 * j];
+      f.a[2 * j + 1] = slot[8 * j + 1];
+    }
+  }
+  // every lane's reads of the slot are ordered before lane 0 releases the stage
+  __device__ __forceinline__ void before_release() const { __syncwarp(); }
+  __device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC][BN / 2], const Factors& f) const {
+    promote_blk<BN, true, NACC>(fin, acc, f, tile);
+  }
+};
+
+// BlkTile reads three launch fields of EpiParams (blk_sb, blk_kb, N); a local one carries them (the rest
+// is never read). Swapped, BlkTile's row block is the weight block nb. m0: the tile's first token row.
+template <int BN, int NACC>
+__device__ __forceinline__ GroupedBlkPromote<BN, NACC> grouped_blk_promote(const float* slots, const GroupedParams& p,
+                                                                           int e, int nb, int num_nb, int m0,
+                                                                           int lane) {
   EpiParams ep;
   ep.blk_sb = p.sw + static_cast<long>(e) * num_nb * p.kbn;
   ep.blk_kb = p.kbn;
   ep.N = p.N;
-  return BlkPromote<BN, true, NACC>{BlkTile<BN, true>(slots, ep, nb, 0, 0, 0, lane)};
+  GroupedBlkPromote<BN, NACC> pro{BlkTile<BN, true>(slots, ep, nb, 0, 0, 0, lane)};
+  pro.tile.pos += m0 % kSxAlign;
+  return pro;
 }
 
 template <int BN, int NACC, int FW, int FX, bool DBL, bool BLK = false>
@@ -162,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* smem = g_smem;
   uint8_t* sA = smem;
   uint8_t* sB = smem + S * C::kStageA;
-  float* slots = reinterpret_cast<float*>(sB + S * C::kStageB);  // BLK: S slots of kScaleSlotFloats
+  float* slots = reinterpret_cast<float*>(sB + S * C::kStageB);  // BLK: S slots of C::kSlotFloats
   uint64_t* full = reinterpret_cast<uint64_t*>(sB + S * (C::kStageB + C::kSlot));
   uint64_t* empty = full + C::kMaxStages;
   int* blocks = reinterpret_cast<int*>(full + 2 * C::kMaxStages);
@@ -183,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ------------------------------------------------------------ producer
     setmaxnreg_dec<RegSplit<BN, DBL>::kProducer>();
     if (threadIdx.x == 0) {
-      constexpr uint32_t kBytes = C::kStage + (BLK ? scale_box_bytes<BN, true>() : 0);
+      constexpr uint32_t kBytes = C::kStage + (BLK ? grouped_sx_box(BN) * 4 : 0);
       int stage = 0, e = 0;
       uint32_t phase = 0;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
@@ -195,7 +246,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_arrive_expect_tx(&full[stage], kBytes);  // OOB parts are zero-filled and still counted
           tma_load_3d(sA + stage * C::kStageA, &tma_w, &full[stage], kb * kBK, nb * kBM, e);
           tma_load_2d(sB + stage * C::kStageB, &tma_x, &full[stage], kb * kBK, y);
-          if constexpr (BLK) tma_load_2d(slots + stage * kScaleSlotFloats, &tma_sx, &full[stage], y, kb);
+          // the scale box from the 16-byte aligned row at or before y (y >= 0)
+          if constexpr (BLK) tma_load_2d(slots + stage * C::kSlotFloats, &tma_sx, &full[stage], y & -kSxAlign, kb);
           if (++stage == S) {
             stage = 0;
             phase ^= 1;
@@ -232,9 +284,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       float fin[BN / 2];
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) fin[i] = 0.f;
-      using Pro = std::conditional_t<BLK, BlkPromote<BN, true, NACC>, PlainPromote<BN, NACC>>;
+      using Pro = std::conditional_t<BLK, GroupedBlkPromote<BN, NACC>, PlainPromote<BN, NACC>>;
       const Pro pro = [&]() {
-        if constexpr (BLK) return grouped_blk_promote<BN, NACC>(slots, p, e, nb, num_nb, lane);
+        if constexpr (BLK) return grouped_blk_promote<BN, NACC>(slots, p, e, nb, num_nb, m_begin, lane);
         else return Pro{};
       }();
       if constexpr (DBL) {

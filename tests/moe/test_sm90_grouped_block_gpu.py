@@ -62,6 +62,24 @@ def test_m_major_and_row_major_group_scales_give_the_same_bits(bn, counts):
     assert torch.equal(mm, row_major), "the M-major and the copied row-major scales give other bits"
 
 
+@pytest.mark.parametrize("bn", BLOCK_NS)
+def test_expert_tiles_at_every_row_residue_with_a_padded_offset_m_major_scale(bn):
+    """Expert tiles start at rows 0, 1, 2 and 3 mod 4 (the token-scale box is a TMA box, which must start
+    16-byte aligned: the kernel reads it from the aligned row before the tile), scale_a an M-major view
+    with a padded leading dimension, 16 bytes into a NaN-filled buffer (read in place, no copy)."""
+    counts = (1, 2, 3, 5, 0, 7, 1, 9)  # first rows 0, 1, 3, 6, 11, 11, 18, 19
+    n, k = 136, 400
+    a, b, sa, sb, offsets = _case(counts, n, k, "group", "block", device=DEV)
+    p = make_grouped_problem(a, b, sa, sb, offsets)
+    m, kb = sa.shape
+    ld = -(-m // 4) * 4 + 8
+    buf = torch.full((kb * ld + 4,), float("nan"), device=DEV)
+    view = buf[4:].as_strided((m, kb), (1, ld))
+    view.copy_(sa)
+    _check(_launch(p, bn, scale_a=view), reference64(a, b, sa, sb, counts, "group", "block"), torch.bfloat16,
+           f"bn={bn}")
+
+
 @pytest.mark.parametrize("a_kind", ["tensor", "row"])
 def test_block_weights_with_a_per_tensor_or_per_token_activation_scale(a_kind):
     """Static / per-token activation scales with block weights (loaded checkpoints): spread over the groups."""
