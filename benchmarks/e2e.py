@@ -64,11 +64,9 @@ from fp8_linear import FP8Linear, fuse_projections, settings, unfuse_projections
 from fp8_linear.fusion import launched_layers
 
 try:
-    from benchmarks.e2e_decode import (COMPARED_TOKENS, FirstScores, compare_greedy, describe_greedy, replay_forward,
-                                       timed_generate, wrap_compiled_step)
+    from benchmarks.e2e_decode import COMPARED_TOKENS, FirstScores, compare_greedy, describe_greedy, timed_generate
 except ImportError:  # run as a script from benchmarks/
-    from e2e_decode import (COMPARED_TOKENS, FirstScores, compare_greedy, describe_greedy, replay_forward,  # type: ignore
-                            timed_generate, wrap_compiled_step)
+    from e2e_decode import COMPARED_TOKENS, FirstScores, compare_greedy, describe_greedy, timed_generate  # type: ignore
 
 #: Config fields of the two model shapes (public config.json values).
 MODELS = {
@@ -199,15 +197,12 @@ def decode_cell(model, ids: torch.Tensor, new: int, compiled: bool, reps: int) -
         t0 = time.perf_counter()
         _, tokens = timed_generate(model, ids, new if compiled else first.n, kw, first)
         warm_s = time.perf_counter() - t0
-        step = wrap_compiled_step(model) if compiled else None
         runs = [timed_generate(model, ids, new, kw)[0] for _ in range(reps)]
     if not runs:  # only the tokens were asked for
         return {}, tokens[:, :first.n], first.scores
     best = min(runs, key=lambda r: r.get("step_ms", float("inf")))
     cell = dict(best, decode_tok_s=ids.shape[0] / best["step_ms"] * 1e3 if best.get("step_ms") else None,
                 **({"compile_s": warm_s} if compiled else {}))
-    if compiled:
-        cell.update(replay_forward(step))
     return cell, tokens[:, :first.n], first.scores
 
 
@@ -313,11 +308,9 @@ def run_path(model, label: str, args, batches: list[int], clock=None, kind: str 
         except Exception as e:  # noqa: BLE001 - e.g. layers that cannot be captured in a CUDA graph
             lin_ms, cell["linear_error"] = None, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         comp = cell.get("compiled", {})
-        step, fwd = comp.get("step_ms"), comp.get("forward_ms")
+        step = comp.get("step_ms")
         cell["linear_ms"] = lin_ms
         cell["rest_ms"] = None if step is None or lin_ms is None else step - lin_ms
-        cell["forward_rest_ms"] = None if fwd is None or lin_ms is None else fwd - lin_ms
-        cell["loop_ms"] = None if fwd is None or step is None else step - fwd
         row["decode"][str(b)] = cell
         print(f"  {label} batch {b}: {fmt_cell(cell)}", flush=True)
     row["peak_gb"] = (torch.cuda.max_memory_allocated() - held_bytes) / 1e9 if _cuda() else float("nan")
@@ -377,9 +370,6 @@ def fmt_cell(cell: dict) -> str:
     comp = cell.get("compiled", {})
     if cell.get("rest_ms") is not None:
         text = f"step {comp['step_ms']:.2f} ms = linear {cell['linear_ms']:.2f} + rest {cell['rest_ms']:.2f}"
-        if cell.get("forward_rest_ms") is not None:
-            text += (f" (rest of the forward {cell['forward_rest_ms']:.2f} + generate loop {cell['loop_ms']:.2f};"
-                     f" forward {comp['forward_ms']:.2f} ms GPU, {comp['forward_host_ms']:.2f} ms host per call)")
         parts.append(text)
     parts.append(describe_greedy(cell.get("greedy")))
     return "; ".join(parts)
@@ -389,7 +379,7 @@ def print_table(model_name: str, layers: int, rows: list[dict], batches: list[in
     base = rows[0]
     print(f"\n{model_name}-shaped, {layers} decoder layers, random weights; prefill of {base.get('prefill')} tokens;"
           f" decode after a prompt: tok/s and x BF16 per batch (eager, compiled static cache); the compiled step split"
-          f" into the linear layers (ms, BF16's / ours), the rest of the forward (ms) and generate's loop (ms);"
+          f" into the linear layers (ms, BF16's / ours), and the rest of the step (ms);"
           f" greedy: rows whose first {COMPARED_TOKENS} tokens compiled == eager")
 
     def tps(cell, mode):
@@ -403,7 +393,7 @@ def print_table(model_name: str, layers: int, rows: list[dict], batches: list[in
 
     head = f"{'path':<22} {'backend':<10} {'prefill tok/s':>13} {'x':>5}"
     for b in batches:
-        head += f" | b{b} eager {'x':>5} compiled {'x':>5} lin ms  x    fwd-rest loop  greedy"
+        head += f" | b{b} eager {'x':>5} compiled {'x':>5} lin ms  x   rest ms  greedy"
     print(head + " | weights GB (linears)  peak GB")
     for r in rows:
         if "error" in r:
@@ -414,8 +404,8 @@ def print_table(model_name: str, layers: int, rows: list[dict], batches: list[in
             c, c0 = r["decode"][str(b)], base["decode"][str(b)]
             e, ce = tps(c, "eager"), tps(c, "compiled")
             line += (f" | {e or 0:>8.0f} {ratio(e, tps(c0, 'eager'))} {ce or 0:>8.0f} {ratio(ce, tps(c0, 'compiled'))}"
-                     f" {num(c.get('linear_ms'))} {ratio(c0.get('linear_ms'), c.get('linear_ms'))} {num(c.get('forward_rest_ms'), 8)}"
-                     f" {num(c.get('loop_ms'), 5)}  {c.get('same_tokens_rows') or '-':>6}")
+                     f" {num(c.get('linear_ms'))} {ratio(c0.get('linear_ms'), c.get('linear_ms'))} {num(c.get('rest_ms'), 9)}"
+                     f"  {c.get('same_tokens_rows') or '-':>6}")
         print(line + f" | {r['weight_gb']:>6.2f} ({r['linear_weight_gb']:.2f}) {num(r['peak_gb'], 8, 1)}")
 
 

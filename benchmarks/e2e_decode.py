@@ -1,5 +1,4 @@
-"""Decode measurements of ``benchmarks/e2e.py``: per-token clocks, the greedy-token comparison, and the
-split of a compiled decode step into the forward (GPU and host) and the rest of ``generate``'s loop.
+"""Decode measurements of ``benchmarks/e2e.py``: per-token clocks and the greedy-token comparison.
 
 - :class:`StepClock` (a ``generate`` streamer) stamps the host clock at every token ``generate`` emits:
   TTFT is the first token's stamp, a decode step the interval between two stamps (``generate``
@@ -12,9 +11,6 @@ split of a compiled decode step into the forward (GPU and host) and the rest of 
   and by how much the two logit vectors differ there (in units of the logits' standard deviation). On
   random weights the logits are near-flat, so greedy tokens flip wherever the eager top-2 margin is
   below the compiled-vs-eager difference (a near-tie); BF16's own row says how often that happens.
-- :class:`LastCall` wraps transformers' compiled decode step (``model._compiled_call``) to keep the
-  arguments of its last call; :func:`replay_forward` replays that call back to back (the same graph,
-  no recompile) and returns its GPU time and host time per call.
 """
 
 from __future__ import annotations
@@ -27,10 +23,6 @@ import torch
 
 #: Greedy tokens compared between the compiled and the eager path.
 COMPARED_TOKENS = 32
-#: Back-to-back replays of the compiled decode step (after one untimed).
-REPLAYS = 10
-#: A replay slower than this (seconds) means the call recompiled: its figures are dropped.
-REPLAY_RECOMPILED_S = 2.0
 
 
 class StepClock:
@@ -128,55 +120,3 @@ def describe_greedy(cmp: dict | None) -> str:
         text += (f" (the others diverge at steps {steps[:6]}{'...' if len(steps) > 6 else ''}, where eager's margin "
                  f"between the two tokens is <= {margin:.3f} sd: {'near-ties' if ties else 'NOT explained by the logit difference'})")
     return text + f"; max |compiled - eager| logits {cmp['logit_diff']:.3f} sd"
-
-
-class LastCall:
-    """Wraps a callable and keeps the arguments of its last call (to replay transformers' compiled step)."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.args: tuple = ()
-        self.kwargs: dict | None = None
-
-    def __call__(self, *args, **kwargs):
-        self.args, self.kwargs = args, kwargs
-        return self.fn(*args, **kwargs)
-
-
-def wrap_compiled_step(model) -> LastCall | None:
-    """Install a :class:`LastCall` around ``model._compiled_call`` (transformers' compiled decode step,
-    which ``get_compiled_call`` hands back while the compile config is unchanged); ``None`` if there is none."""
-    fn = model.__dict__.get("_compiled_call")
-    if fn is None:
-        return None
-    if not isinstance(fn, LastCall):
-        fn = LastCall(fn)
-        model.__dict__["_compiled_call"] = fn
-    return fn
-
-
-def replay_forward(call: LastCall | None) -> dict:
-    """GPU ms and host ms per call of :data:`REPLAYS` back-to-back replays of ``call``'s last call (one
-    synchronization at the end: where the host is faster than the GPU the first figure is GPU time)."""
-    if call is None or call.kwargs is None or not torch.cuda.is_available():
-        return {}
-    with torch.inference_mode(), torch.no_grad():
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        call.fn(*call.args, **call.kwargs)
-        torch.cuda.synchronize()
-        if time.perf_counter() - t0 > REPLAY_RECOMPILED_S:
-            return dict(replay_note="the replayed step recompiled; figures dropped")
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        gc.disable()
-        try:
-            start.record()
-            t0 = time.perf_counter()
-            for _ in range(REPLAYS):
-                call.fn(*call.args, **call.kwargs)
-            host = (time.perf_counter() - t0) / REPLAYS
-            end.record()
-            torch.cuda.synchronize()
-        finally:
-            gc.enable()
-    return dict(forward_ms=start.elapsed_time(end) / REPLAYS, forward_host_ms=host * 1e3)
