@@ -55,6 +55,10 @@ DEFAULT_PATTERNS: tuple[tuple[str, ...], ...] = (
 #: encoder's states); the query reads the decoder's.
 CROSS_ATTENTION_HINTS = ("encoder_attn", "crossattention", "cross_attn", "cross_attention")
 CROSS_ATTENTION_PATTERNS: tuple[tuple[str, ...], ...] = (("k_proj", "v_proj"), ("key", "value"), ("k", "v"))
+#: Plain attribute of a parent module: its fused groups (a tuple).
+_GROUPS_ATTR = "_fusion_groups"
+#: A group's ``_state`` while its parent's forward runs and no round is open.
+_OPEN = "open"
 #: Rows of a 128x128 weight block (block scales concatenate only at multiples of it).
 BLOCK_ROWS = GROUP_SIZE
 
@@ -178,9 +182,9 @@ def fusion_refusal(layers: list[FP8Linear], _grouped: bool = False) -> str | Non
 class SiblingGroup:
     """The runtime state of one fused group (a plain Python object, so that no module tree, state
     dict or parameter list sees it): the fused ``FP8Linear`` (``fused``), the member modules with their
-    row ranges, and the per-forward cache (``_key``: the input the fused output was computed for,
-    ``_out``: that output ``[..., N_total]``, ``_served``: a bit per member already given its slice).
-    Between forwards the cache is empty. ``disabled_reason`` is set once the group stops fusing."""
+    row ranges, and the per-forward cache (``_state``: the input the fused output was computed for,
+    that output ``[..., N_total]`` and a bit per member already given its slice). Between forwards it
+    is ``None``. ``disabled_reason`` is set once the group stops fusing."""
 
     def __init__(self, parent_name: str, names: tuple[str, ...], members: list[FP8Linear], fused: FP8Linear):
         self.parent_name, self.names, self.members, self.fused = parent_name, names, members, fused
@@ -196,43 +200,40 @@ class SiblingGroup:
         self.exact_reason: str | None = None
         #: Why a forward showed that the members do not read one tensor, or None.
         self.runtime_reason: str | None = None
-        self._active = False
-        self._key = None
-        self._out = None
-        self._served = 0
-        self._handles: list = []
+        #: ``None`` outside the parent's forward; inside it :data:`_OPEN` (no round yet) or
+        #: ``(input, fused output or None once every member took its slice, bit per member served)``.
+        self._state = None
 
     # ------------------------------------------------------------------ calls
     def run(self, index: int, member: FP8Linear, x):
         """Member ``index``'s output for ``x``: a column slice of the fused output when the group runs
         fused for this ``x``, else the member's own GEMM (its rows of the fused weight).
 
-        A round starts when no round is open and ``x`` is not the input of the round that just
-        completed (a member called again on it runs apart); it completes when every member has taken
-        its slice, which drops the fused output (the input stays named until the parent returns)."""
-        if self._active and self.enabled:
-            key = self._key
-            if key is None or (self._out is None and key is not x):
+        A round starts when the parent's forward has no round open and ``x`` is not the input of the
+        round that just completed (a member called again on it runs apart); it completes when every
+        member has taken its slice, which drops the fused output (the input stays named until the parent
+        returns). All of it is one attribute, ``_state``, so that a compiled forward replays one store."""
+        state = self._state
+        if state is not None and self.enabled:
+            if state is _OPEN or (state[1] is None and state[0] is not x):
                 out = self.fused(x)
-                self._key, self._out, self._served = x, out, 1 << index
+                self._state = (x, out, 1 << index)
                 start, stop = self.bounds[index]
                 return out[..., start:stop]
-            if key is x and self._out is not None and not (self._served >> index) & 1:
+            key, out, served = state
+            if key is x and out is not None and not (served >> index) & 1:
                 start, stop = self.bounds[index]
-                y = self._out[..., start:stop]
-                served = self._served | (1 << index)
-                if served == self.full:
-                    self._out, self._served = None, 0
-                else:
-                    self._served = served
-                return y
+                served |= 1 << index
+                self._state = (x, None, 0) if served == self.full else (x, out, served)
+                return out[..., start:stop]
         return FP8Linear.forward(member, x)
 
-    def _enter(self, module, args):
-        self._active = True
+    def _open(self) -> None:
+        self._state = _OPEN
 
-    def _exit(self, module, args, output):
-        if self._out is not None:
+    def _close(self) -> None:
+        state = self._state
+        if state is not None and state is not _OPEN and state[1] is not None:
             # A forward ended with members that did not take the fused output: they do not all read one
             # tensor here (cross-attention, shared key/value layers). Run them apart from now on.
             self.enabled = False
@@ -241,8 +242,7 @@ class SiblingGroup:
             if not torch.compiler.is_compiling():
                 logger.warning("fp8_linear: %s.{%s} no longer fused: %s", self.parent_name, ",".join(self.names),
                                self.runtime_reason)
-        self._key, self._out, self._served = None, None, 0
-        self._active = False
+        self._state = None
 
     # ------------------------------------------------------------------ tensors
     def link(self, index: int) -> None:
@@ -299,12 +299,15 @@ class SiblingGroup:
         """Why the group runs its members apart now, or ``None`` while it runs fused."""
         return self.exact_reason or self.runtime_reason
 
-    def detach(self) -> None:
+    def detach(self, parent: nn.Module) -> None:
         """Undo the fusion: every member gets its own contiguous tensors back (the same values) and
-        becomes a plain ``FP8Linear``; the parent's hooks are removed."""
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        becomes a plain ``FP8Linear``; ``parent`` forgets the group (and its hooks go with the last one)."""
+        groups = tuple(g for g in parent.__dict__.get(_GROUPS_ATTR, ()) if g is not self)
+        if groups:
+            parent.__dict__[_GROUPS_ATTR] = groups
+        else:
+            _remove_hooks(parent)
+            parent.__dict__.pop(_GROUPS_ATTR, None)
         for m in self.members:
             mp = m._parameters
             for name in ("weight", "weight_scale", "bias"):
@@ -315,7 +318,7 @@ class SiblingGroup:
             for attr in ("_fusion", "_fusion_index"):
                 m.__dict__.pop(attr, None)
             m._try_prepare()
-        self._key, self._out, self._served, self._active = None, None, 0, False
+        self._state = None
 
 
 def _copy_if_apart(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -357,8 +360,9 @@ class FusedFP8Linear(FP8Linear):
             group.sync_member(self._fusion_index)
 
     def _apply(self, fn, recurse=True):
-        """Device moves and casts: the group's fused layer moves (once; later members find it moved), the
-        member's own tensors follow, and its weight rows are views of the moved buffer again."""
+        """Device moves and casts: ``fn`` applies to the group's fused layer (each member applies it; on a
+        tensor already moved a move is free), the member's own tensors follow, and its weight rows are
+        views of the moved buffer again."""
         group = self.__dict__.get("_fusion")
         if group is None:
             return super()._apply(fn, recurse)
@@ -411,6 +415,29 @@ def _fused_layer(members: list[FP8Linear]) -> FP8Linear:
     return fused
 
 
+def _open_groups(module: nn.Module, args) -> None:
+    """Forward pre-hook of a parent: its groups may fuse during this forward."""
+    for g in module._fusion_groups:
+        g._open()
+
+
+def _close_groups(module: nn.Module, args, output) -> None:
+    """Forward hook (``always_call``) of a parent: nothing of this forward stays cached."""
+    for g in module._fusion_groups:
+        g._close()
+
+
+def _remove_hooks(parent: nn.Module) -> None:
+    """Remove :func:`_open_groups` / :func:`_close_groups` from ``parent`` (found by identity, so that a
+    deep copy, whose hook dicts are copies, removes its own)."""
+    for hooks in (parent._forward_pre_hooks, parent._forward_hooks):
+        for key in [k for k, fn in hooks.items() if fn is _open_groups or fn is _close_groups]:
+            del hooks[key]
+            parent._forward_hooks_always_called.pop(key, None)
+            parent._forward_hooks_with_kwargs.pop(key, None)
+            parent._forward_pre_hooks_with_kwargs.pop(key, None)
+
+
 def _attach(model: nn.Module, parent_name: str, names: tuple[str, ...]) -> FusedGroupInfo:
     parent = model.get_submodule(parent_name) if parent_name else model
     members = [getattr(parent, n) for n in names]
@@ -421,8 +448,10 @@ def _attach(model: nn.Module, parent_name: str, names: tuple[str, ...]) -> Fused
         m.__dict__["_fusion"] = group
         m.__dict__["_fusion_index"] = i
         group.link(i)
-    group._handles = [parent.register_forward_pre_hook(group._enter),
-                      parent.register_forward_hook(group._exit, always_call=True)]
+    if _GROUPS_ATTR not in parent.__dict__:
+        parent.register_forward_pre_hook(_open_groups)
+        parent.register_forward_hook(_close_groups, always_call=True)
+    parent.__dict__[_GROUPS_ATTR] = parent.__dict__.get(_GROUPS_ATTR, ()) + (group,)
     return FusedGroupInfo(parent_name, names, tuple(m.out_features for m in members), fused.in_features,
                           _weight_kind(fused))
 
@@ -545,7 +574,7 @@ def unfuse_projections(model: nn.Module) -> int:
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     groups = fusion_groups(model)
     for g in groups:
-        g.detach()
+        g.detach(model.get_submodule(g.parent_name) if g.parent_name else model)
     return len(groups)
 
 

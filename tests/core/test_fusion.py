@@ -119,7 +119,7 @@ def test_fused_outputs_match_reference_and_unfused(preset, k, ns, dtype):
             assert calc_diff(fused[name], ref) <= bar, (preset, name, m, calc_diff(fused[name], ref), bar)
             bound = _order_bound(getattr(twin, name), x, apart[name])
             assert ((fused[name].double() - apart[name].double()).abs() <= bound).all(), (preset, name, m)
-    assert all(g._key is None and g._out is None for g in fusion_groups(mod))
+    assert all(g._state is None for g in fusion_groups(mod))
 
 
 def test_mixed_tensor_and_channel_members_fuse_exactly():
@@ -252,14 +252,14 @@ def test_any_call_order_cross_attention_and_lone_calls():
             out = mod(x, order=order)
             assert all(torch.equal(out[n], mod(x)[n]) for n in set(order))
             assert all(calc_diff(out[n], ref[n]) < 1e-12 for n in set(order))
-            assert group._key is None and group.enabled
+            assert group._state is None and group.enabled
         # a member called alone, outside its parent's forward: its own GEMM, nothing cached
-        assert calc_diff(mod.k_proj(enc), twin.k_proj(enc)) < 1e-12 and group._key is None
+        assert calc_diff(mod.k_proj(enc), twin.k_proj(enc)) < 1e-12 and group._state is None
         # cross-attention: q on x, k / v on the encoder states; correct, and the group stops fusing
         out, ref = mod(x, kv=enc), twin(x, kv=enc)
         assert all(calc_diff(out[n], ref[n]) < 1e-12 for n in QKV)
         assert not group.enabled and "did not call every member" in group.disabled_reason
-        assert group._key is None and group._out is None
+        assert group._state is None
         assert all(calc_diff(mod(x)[n], twin(x)[n]) < 1e-12 for n in QKV)
 
 
@@ -278,7 +278,7 @@ def test_exception_inside_parent_leaves_no_cached_tensor():
     (group,) = fusion_groups(mod)
     with pytest.raises(RuntimeError, match="boom"), torch.no_grad():
         mod(torch.randn(2, 64))
-    assert group._key is None and group._out is None and not group._active
+    assert group._state is None
 
 
 def test_cross_attention_parent_fuses_key_and_value_only():
@@ -319,7 +319,7 @@ def test_whole_llama_forward_traces_with_no_graph_break(preset):
     inplace = [n for n in ex.graphs[0].graph.nodes if n.op in ("call_function", "call_method")
                and str(getattr(n.target, "__name__", n.target)).endswith("_") and not str(n.target).startswith("_")]
     assert not inplace, inplace
-    assert all(g._key is None and not g._active for g in fusion_groups(model))
+    assert all(g._state is None for g in fusion_groups(model))
 
 
 @pytest.mark.slow
@@ -341,7 +341,7 @@ def test_compiled_static_cache_decode_has_no_recompiles():
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert torch.equal(out, ref)
-    assert all(g.enabled and g._key is None for g in fusion_groups(model))
+    assert all(g.enabled and g._state is None for g in fusion_groups(model))
 
 
 def test_save_quantized_writes_the_unfused_checkpoint(tmp_path):
@@ -412,7 +412,15 @@ def test_load_state_dict_moves_and_deepcopy():
         dup = copy.deepcopy(model)
         assert fusion_groups(dup) and fusion_groups(dup)[0] is not fusion_groups(model)[0]
         assert torch.equal(dup(ids).logits, model(ids).logits)
-        assert all(g._key is None for g in fusion_groups(dup) + fusion_groups(model))
+        assert all(g._state is None for g in fusion_groups(dup) + fusion_groups(model))
+    # unfusing the copy leaves the original fused, its hooks in place
+    assert unfuse_projections(dup) == 4 and len(fusion_groups(model)) == 4
+    attn = model.model.layers[0].self_attn
+    assert len(attn._forward_pre_hooks) == 1 and len(attn._forward_hooks) == 1
+    assert not dup.model.layers[0].self_attn._forward_hooks
+    with torch.no_grad():
+        model(ids)
+    assert all(g.enabled for g in fusion_groups(model))
 
 
 def test_qwen2_biases_fuse():
@@ -484,4 +492,4 @@ def test_bart_encoder_decoder_fuses_cross_attention_key_value():
     with torch.inference_mode():
         out, ref = model.generate(ids, **kw), twin.generate(ids, **kw)
     assert torch.equal(out, ref)
-    assert all(g.enabled and g._key is None for g in fusion_groups(model))
+    assert all(g.enabled and g._state is None for g in fusion_groups(model))

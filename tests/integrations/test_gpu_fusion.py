@@ -105,7 +105,7 @@ def test_fused_groups_match_reference_and_unfused_on_gpu(bf16_model, prompts, pr
                     assert calc_diff(apart[n], ref) <= bar, (preset, backend, n, m)
                     assert calc_diff(fused_out[n], ref) <= bar, (preset, backend, n, m, calc_diff(fused_out[n], ref), bar)
                     assert ((fused_out[n].double() - apart[n].double()).abs() <= bound).all(), (preset, backend, n, m)
-            assert group._key is None and group.enabled
+            assert group._state is None and group.enabled
         print(f"{preset}: {'/'.join(group.names)} fused on {backend}: outputs within the bars at M = 1, 16, 127")
 
 
@@ -157,7 +157,7 @@ def test_compiled_static_cache_fused_has_no_recompiles_and_agrees(bf16_model, pr
     assert not breaks, breaks
     # CUDA graphs capture the fused step wherever they capture the unfused one (on a GPU: no skips at all)
     assert skips <= plain_skips and (DEVICE == "cpu" or not skips), (skips, plain_skips)
-    assert all(g.enabled and g._key is None for g in fusion_groups(fused))
+    assert all(g.enabled and g._state is None for g in fusion_groups(fused))
     assert torch.equal(again[0], compiled[0])
     fp8_effect = calc_diff(eager[1][0], eager_bf16[1][0])
     backends = sorted({m.backend for m in fused.modules() if isinstance(m, FP8Linear)})
