@@ -37,6 +37,7 @@ from fp8_linear.moe.experts import FP8Experts, part_rows, weight_scale_shape
 from fp8_linear.scheme import QuantScheme, resolve_scheme
 
 from .data import Batch
+from .hooks import ObserverHooks
 from .observers import weight_scale
 
 log = logging.getLogger("fp8_linear")
@@ -137,6 +138,34 @@ def select_experts(model: nn.Module, ignore: Iterable[str] = ()) -> dict[str, nn
     return select_fused_experts(model, ignore)
 
 
+class ExpertsHooks(ObserverHooks):
+    """Forward pre-hooks folding each fused experts module's routed tokens into its :class:`ExpertsObserver`.
+
+    :class:`~fp8_linear.calibration.hooks.ObserverHooks`' ``begin_batch`` / ``attach`` / ``remove``,
+    shared by the all-at-once (:func:`calibrate_experts`) and the layer-by-layer
+    (:mod:`~fp8_linear.calibration.layerwise`) calibration: per batch call :meth:`begin_batch` with the
+    flattened attention mask (bool ``[B * T]`` on the activations' device, or ``None``); padding tokens
+    never reach an observer. The hook reads ``hidden_states [T, H]`` and the integer ``top_k_index [T, k]``.
+    """
+
+    def __init__(self, observers: dict[str, ExpertsObserver]):
+        super().__init__(observers)
+
+    def _hook(self, name: str):
+        def hook(_mod, args, kwargs):
+            values = list(args) + list(kwargs.values())
+            x = values[0]
+            idx = next((v for v in values[1:] if isinstance(v, torch.Tensor) and not v.is_floating_point()), None)
+            if idx is None:
+                raise CalibrationError(f"experts {name!r}: called without integer expert ids (top_k_index)")
+            mask = self.mask
+            if mask is not None and x.shape[0] == mask.numel():
+                x, idx = x[mask], idx.reshape(x.shape[0], -1)[mask]
+            self.observers[name].update(x, idx)
+
+        return hook
+
+
 def calibrate_experts(model: nn.Module, targets: dict[str, nn.Module], batches: list[Batch], *,
                       progress: bool = True) -> dict[str, ExpertsObserver]:
     """Run ``batches`` through ``model`` and observe every fused experts module in ``targets``.
@@ -147,23 +176,7 @@ def calibrate_experts(model: nn.Module, targets: dict[str, nn.Module], batches: 
     from tqdm.auto import tqdm
 
     obs = {n: ExpertsObserver(n, m) for n, m in targets.items()}
-    state = {"mask": None}
-
-    def make_hook(name: str):
-        def hook(_mod, args, kwargs):
-            values = list(args) + list(kwargs.values())
-            x = values[0]
-            idx = next((v for v in values[1:] if isinstance(v, torch.Tensor) and not v.is_floating_point()), None)
-            if idx is None:
-                raise CalibrationError(f"experts {name!r}: called without integer expert ids (top_k_index)")
-            mask = state["mask"]
-            if mask is not None and x.shape[0] == mask.numel():
-                x, idx = x[mask], idx.reshape(x.shape[0], -1)[mask]
-            obs[name].update(x, idx)
-
-        return hook
-
-    handles = [m.register_forward_pre_hook(make_hook(n), with_kwargs=True) for n, m in targets.items()]
+    hooks = ExpertsHooks(obs).attach(targets)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     was_training = model.training
     model.eval()
@@ -173,12 +186,10 @@ def calibrate_experts(model: nn.Module, targets: dict[str, nn.Module], batches: 
                 if b.num_tokens == 0:
                     continue
                 mask = b.attention_mask.reshape(-1).bool()
-                state["mask"] = None if bool(mask.all()) else mask.to(device)
+                hooks.begin_batch(None if bool(mask.all()) else mask.to(device))
                 model(input_ids=b.input_ids.to(device), attention_mask=b.attention_mask.to(device))
     finally:
-        state["mask"] = None
-        for h in handles:
-            h.remove()
+        hooks.remove()
         model.train(was_training)
     return obs
 
@@ -240,7 +251,18 @@ def apply_experts_quantization(model: nn.Module, targets: dict[str, nn.Module], 
     """Replace each ``targets`` experts module of ``model`` (in place) by an :class:`FP8Experts` of ``scheme``,
     with the static scales of ``observers`` (from :func:`calibrate_experts`; ``{}`` for dynamic schemes
     without calibration). Several schemes can be applied to copies of a model after one calibration
-    (the observers refer to the original modules, so keep the original alive). Returns :func:`moe_report`."""
+    (the observers refer to the original modules, so keep the original alive). Returns :func:`moe_report`
+    (experts that took the conservative scales are logged)."""
+    swap_experts(model, targets, scheme, observers, min_tokens)
+    return report_experts(model)
+
+
+def swap_experts(model: nn.Module, targets: dict[str, nn.Module], scheme: "str | QuantScheme",
+                 observers: dict[str, ExpertsObserver], min_tokens: int = MIN_EXPERT_TOKENS) -> None:
+    """The swap of :func:`apply_experts_quantization` without the report: each experts module of ``targets``
+    becomes an :class:`FP8Experts` on the module's device, its per-expert token counts and fallback experts
+    kept on it (``calibration_tokens``, ``calibration_fallback``). The layer-by-layer path calls it for
+    the experts of one decoder layer at a time."""
     scheme = resolve_scheme(scheme)
     if scheme.static and any(n not in observers for n in targets):
         raise CalibrationError(f"observers: static scheme {scheme.name!r} needs calibration statistics for every "
@@ -255,6 +277,10 @@ def apply_experts_quantization(model: nn.Module, targets: dict[str, nn.Module], 
             new.calibration_tokens = ob.counts.tolist() if ob is not None else None
             new.calibration_fallback = rare
             replace_module(model, name, new)
+
+
+def report_experts(model: nn.Module) -> "MoEReport":
+    """:func:`moe_report` of ``model``, logging the experts that took the conservative scales."""
     report = moe_report(model)
     if any(x.fallback for x in report.layers):
         log.info("fp8_linear: %s", report.fallback_summary())

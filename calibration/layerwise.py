@@ -9,8 +9,10 @@ pipeline does it:
    they move back;
 2. for each decoder layer in turn: the layer moves to ``device``, every batch's hidden states run
    through it with observer hooks on its Linear targets (the same :class:`~.hooks.ObserverHooks` as the
-   all-at-once path), its outputs become the next layer's inputs, ``on_layer`` runs (e.g. GPTQ and the
-   swap to ``FP8Linear``, on ``device``), and the layer moves back.
+   all-at-once path) and on its fused MoE experts modules, if any (the same
+   :class:`~.experts.ExpertsHooks`: per-expert token counts and maxima), its outputs become the next
+   layer's inputs, ``on_layer`` runs (e.g. GPTQ and the swap to ``FP8Linear`` / ``FP8Experts``, on
+   ``device``), and the layer moves back.
 
 The activations carried between layers are those of the *unquantized* layers (outputs are kept before
 ``on_layer`` runs), so the observers and ``H`` are exactly those of the all-at-once path: on one device
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -32,6 +35,9 @@ from fp8_linear.errors import CalibrationError
 from .data import Batch
 from .hooks import ObserverHooks
 from .observers import ActivationObserver
+
+if TYPE_CHECKING:
+    from .experts import ExpertsObserver
 
 
 class _Captured(Exception):
@@ -133,6 +139,7 @@ def calibrate_layerwise(
     offload_activations: bool = False,
     on_layer: Callable[[int, dict[str, nn.Module]], None] | None = None,
     progress: bool = True,
+    experts: "dict[str, ExpertsObserver] | None" = None,
 ) -> dict:
     """Observe every target's input with one decoder layer at a time on ``device``.
 
@@ -147,9 +154,13 @@ def calibrate_layerwise(
         hessian / hessian_tokens: accumulate GPTQ's ``H`` per distinct layer input, on ``device``.
         offload_activations: keep the hidden states between layers on the CPU instead of ``device``.
         on_layer: ``on_layer(i, layer_targets)``, called while layer ``i`` is on ``device`` after its
-            statistics are complete and its outputs are kept (quantize it here). Targets it swaps out of
-            the layer are moved back with it (they would otherwise keep their weights on ``device``).
+            statistics are complete and its outputs are kept (quantize it here); ``layer_targets`` holds
+            the layer's Linear targets and its experts modules (names of ``experts``). Targets it swaps
+            out of the layer are moved back with it (they would otherwise keep their weights on ``device``).
         progress: a tqdm bar over the layers (peak accelerator memory in its postfix).
+        experts: fused MoE experts modules to observe too: one (empty)
+            :class:`~fp8_linear.calibration.experts.ExpertsObserver` per module name (its ``module`` is
+            the experts module, inside the decoder layers); filled in place.
 
     Returns:
         ``{"layers": n, "peak_gpu_bytes": int | None, "layer_seconds": [float] * n}`` (wall time of each
@@ -159,8 +170,10 @@ def calibrate_layerwise(
 
     device = torch.device(device)
     store = torch.device("cpu") if offload_activations else device
-    _, layers = decoder_layers(base, targets)
-    per_layer = _layer_targets(layers, targets)
+    experts = experts or {}
+    observed = {**targets, **{n: ob.module for n, ob in experts.items()}}
+    _, layers = decoder_layers(base, observed)
+    per_layer = _layer_targets(layers, observed)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     was_training = base.training
@@ -185,14 +198,15 @@ def calibrate_layerwise(
             for i, layer in enumerate(layers):
                 home = next(layer.parameters()).device
                 layer.to(device)
-                hooks = ObserverHooks(observers, hessian, hessian_tokens).attach(per_layer[i])
+                hooks = _layer_hooks(per_layer[i], observers, experts, hessian, hessian_tokens)
                 try:
                     with torch.inference_mode():
                         for j, ((hidden, kw), mask) in enumerate(zip(states, masks)):
                             # each batch's input is replaced by its output: one set of hidden states alive
                             states[j] = _run_layer(layer, hidden, kw, mask, hooks, device, store)
                 finally:
-                    hooks.remove()
+                    for h in hooks:
+                        h.remove()
                 if on_layer is not None and per_layer[i]:
                     on_layer(i, per_layer[i])
                 layer.to(home)
@@ -211,9 +225,24 @@ def calibrate_layerwise(
     return {"layers": len(layers), "peak_gpu_bytes": peak, "layer_seconds": seconds}
 
 
-def _run_layer(layer: nn.Module, hidden: torch.Tensor, kw: dict, mask, hooks: ObserverHooks, device, store):
+def _layer_hooks(layer_targets: dict[str, nn.Module], observers: dict[str, ActivationObserver], experts: dict,
+                 hessian: bool, hessian_tokens: int | None) -> list:
+    """The observer hooks of one layer: Linear inputs (:class:`ObserverHooks`) and, when the layer has
+    fused experts modules, their routed tokens (:class:`~fp8_linear.calibration.experts.ExpertsHooks`)."""
+    linears = {n: m for n, m in layer_targets.items() if n not in experts}
+    hooks = [ObserverHooks(observers, hessian, hessian_tokens).attach(linears)]
+    moe = {n: m for n, m in layer_targets.items() if n in experts}
+    if moe:
+        from .experts import ExpertsHooks  # imports the MoE modules only for models that have them
+
+        hooks.append(ExpertsHooks(experts).attach(moe))
+    return hooks
+
+
+def _run_layer(layer: nn.Module, hidden: torch.Tensor, kw: dict, mask, hooks: list, device, store):
     """One batch through one decoder layer with the observer hooks on; ``(output on store, kw)``."""
-    hooks.begin_batch(mask)
+    for h in hooks:
+        h.begin_batch(mask)
     out = layer(hidden.to(device), **kw)
     out = out[0] if isinstance(out, tuple) else out
     return out.to(store), kw

@@ -355,7 +355,8 @@ def quantize_model(
         layerwise: calibrate and quantize one decoder layer at a time on ``device``
             (:mod:`~fp8_linear.calibration.layerwise`): the model stays where it is (e.g. the CPU) and
             only one layer, its ``H`` and the hidden states are on the GPU, so a model larger than the
-            GPU's memory calibrates on one GPU. Same scales as the all-at-once path. The layer count, peak
+            GPU's memory calibrates on one GPU. Same scales as the all-at-once path (fused MoE experts
+            included: each is observed and quantized with its layer). The layer count, peak
             GPU memory and wall time per layer are kept as ``model.fp8_layerwise``.
         device: where ``layerwise`` runs each layer (default: ``"cuda"`` when available, else the
             model's device). Without ``layerwise`` calibration runs where the model is.
@@ -393,13 +394,13 @@ def quantize_model(
         if not layerwise:
             observers = calibrate(model, targets, batches, progress=progress, histogram=needs_histogram([scheme]),
                                   hessian=gptq, dtype=calib_dtype, hessian_tokens=hessian_tokens)
+    if layerwise and batches is not None:  # the fused MoE experts too, with their decoder layer
+        return _quantize_layerwise(model, targets, batches, scheme, gptq, device=device, progress=progress,
+                                   offload_activations=offload_activations, hessian_tokens=hessian_tokens,
+                                   calib_dtype=calib_dtype, ignore=ignore)
     from .experts import quantize_experts  # fused MoE experts (docs/moe.md); a no-op without them
 
     quantize_experts(model, scheme, batches, ignore=ignore, progress=progress)
-    if layerwise and batches is not None:
-        return _quantize_layerwise(model, targets, batches, scheme, gptq, device=device, progress=progress,
-                                   offload_activations=offload_activations, hessian_tokens=hessian_tokens,
-                                   calib_dtype=calib_dtype)
     with torch.no_grad():
         return apply_quantization(model, targets, scheme, observers, gptq=gptq,
                                   progress=f"GPTQ {scheme.name}" if progress and gptq else None)
@@ -436,10 +437,13 @@ def _quantize_to_budget(model, targets, calib_data, tokenizer, scheme, gptq, max
 
 
 def _quantize_layerwise(model, targets, batches, scheme, gptq, *, device, progress, offload_activations, hessian_tokens,
-                        calib_dtype):
-    """quantize_model's ``layerwise`` path: calibrate, GPTQ and swap each decoder layer while it is on ``device``."""
+                        calib_dtype, ignore):
+    """quantize_model's ``layerwise`` path: calibrate, GPTQ and swap each decoder layer while it is on ``device``;
+    the layer's fused MoE experts are observed in the same pass and swapped for ``FP8Experts`` with it
+    (the scales of :func:`~fp8_linear.calibration.experts.quantize_experts`, its minimum-token fallback)."""
     from tqdm.auto import tqdm
 
+    from .experts import ExpertsObserver, report_experts, select_experts, swap_experts
     from .layerwise import calibrate_layerwise
 
     if calib_dtype is not None and calib_dtype != next(model.parameters()).dtype:
@@ -448,17 +452,25 @@ def _quantize_layerwise(model, targets, batches, scheme, gptq, *, device, progre
     if device is None:
         device = "cuda" if torch.cuda.is_available() else next(model.parameters()).device
     observers = {n: ActivationObserver(n, needs_histogram([scheme])) for n in targets}
+    experts = {n: ExpertsObserver(n, m) for n, m in select_experts(model, ignore).items()}
 
     def on_layer(_i, layer_targets):
-        check_observed({n: observers[n] for n in layer_targets})
+        linears = {n: m for n, m in layer_targets.items() if n not in experts}
+        if linears:
+            check_observed({n: observers[n] for n in linears})
         with torch.no_grad():
-            apply_quantization(model, layer_targets, scheme, observers, gptq=gptq)
-        for n in layer_targets:  # H is large ([in, in] fp64 on the GPU): free it with its layer
+            if linears:
+                apply_quantization(model, linears, scheme, observers, gptq=gptq)
+            swap_experts(model, {n: m for n, m in layer_targets.items() if n in experts}, scheme, experts)
+        for n in linears:  # H is large ([in, in] fp64 on the GPU): free it with its layer
             observers[n].hessian = None
 
-    stats = calibrate_layerwise(_forward_target(model, targets), targets, batches, device=device, observers=observers,
-                                hessian=gptq, hessian_tokens=hessian_tokens, offload_activations=offload_activations,
-                                on_layer=on_layer, progress=progress)
+    stats = calibrate_layerwise(_forward_target(model, {**targets, **{n: o.module for n, o in experts.items()}}),
+                                targets, batches, device=device, observers=observers, hessian=gptq,
+                                hessian_tokens=hessian_tokens, offload_activations=offload_activations,
+                                on_layer=on_layer, progress=progress, experts=experts)
+    if experts:
+        report_experts(model)  # logs the experts that took the conservative scales, as the all-at-once path
     model.fp8_layerwise = stats  # layers, peak GPU bytes, wall time per layer
     if progress and stats["peak_gpu_bytes"] is not None:
         tqdm.write(f"layerwise calibration: {stats['layers']} layers, peak GPU memory {stats['peak_gpu_bytes'] / 2**30:.2f} GiB")
