@@ -29,7 +29,8 @@ from fp8_linear.fusion import fusion_groups
 
 from fp8_models import swap_in_fp8
 from helpers import KERNEL_FLOOR, calc_diff, dequant64, gemm_ref64, rounding_bar
-from integ_helpers import random_ids
+# the Llama-3.2-1B-shaped model (2 layers, random weights) and the prompts of the compiled-vs-eager GPU test
+from test_gpu_generate import AMAX_MARGIN, BATCH, NEW_TOKENS, bf16_model, prompts  # noqa: F401 (fixtures)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -38,39 +39,9 @@ pytestmark = [
                        reason="needs a CUDA GPU with FP8 (compute capability >= 8.9)"),
 ]
 
-#: Llama-3.2-1B's linear shapes (hidden 2048, MLP 8192, 32 heads / 8 KV heads), 2 layers, a 32k vocabulary.
-LLAMA_1B_SHAPED = dict(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=2,
-                       num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=2048,
-                       tie_word_embeddings=False, rms_norm_eps=1e-5)
-GAIN = 2.0
-NEW_TOKENS = 32
-BATCH, PROMPT = 4, 16
-AMAX_MARGIN = 1.5
 PRESETS = ["fp8-tensor", "fp8-channel", "fp8-dynamic", "fp8-block"]
 U32 = 2.0**-24
 BF16_MANTISSA = 7
-#: Where the tests run (a CPU dry run of the test logic sets "cpu" and a smaller config).
-DEVICE = "cuda"
-
-
-@pytest.fixture(scope="module")
-def bf16_model():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    with torch.device(DEVICE):
-        model = LlamaForCausalLM(LlamaConfig(**LLAMA_1B_SHAPED)).to(torch.bfloat16).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(GAIN)
-    model.generation_config.pad_token_id = 0
-    return model
-
-
-@pytest.fixture(scope="module")
-def prompts() -> torch.Tensor:
-    return random_ids((BATCH, PROMPT), vocab=LLAMA_1B_SHAPED["vocab_size"], seed=5).to(DEVICE)
 
 
 def _ref_and_bound(layer: FP8Linear, x: torch.Tensor, out: torch.Tensor):
@@ -95,7 +66,7 @@ def test_fused_groups_match_reference_and_unfused_on_gpu(bf16_model, prompts, pr
         twin_parent = plain.model.layers[0].self_attn if group.names[0] == "q_proj" else plain.model.layers[0].mlp
         backend = group.fused.backend
         for m in (1, 16, 127):
-            x = torch.randn(m, group.fused.in_features, device=DEVICE, dtype=torch.bfloat16) * 2
+            x = torch.randn(m, group.fused.in_features, device=group.fused.weight.device, dtype=torch.bfloat16) * 2
             with torch.inference_mode():
                 fused_out = _call_inside(parent, group.names, x)
                 apart = {n: getattr(twin_parent, n)(x) for n in group.names}
@@ -122,9 +93,8 @@ def _call_inside(parent, names, x):
 def _generate(model, ids, compiled: bool):
     from transformers.generation.configuration_utils import CompileConfig
 
-    cc = CompileConfig(fullgraph=True)
-    cc._compile_all_devices = DEVICE == "cpu"  # transformers compiles on accelerators only by default
-    kw = dict(cache_implementation="static", compile_config=cc) if compiled else dict(disable_compile=True)
+    kw = dict(cache_implementation="static", compile_config=CompileConfig(fullgraph=True)) if compiled else dict(
+        disable_compile=True)
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
                              min_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
@@ -156,7 +126,7 @@ def test_compiled_static_cache_fused_has_no_recompiles_and_agrees(bf16_model, pr
     assert not recompiles, recompiles
     assert not breaks, breaks
     # CUDA graphs capture the fused step wherever they capture the unfused one (on a GPU: no skips at all)
-    assert skips <= plain_skips and (DEVICE == "cpu" or not skips), (skips, plain_skips)
+    assert skips <= plain_skips and not skips, (skips, plain_skips)
     assert all(g.enabled and g._state is None for g in fusion_groups(fused))
     assert torch.equal(again[0], compiled[0])
     fp8_effect = calc_diff(eager[1][0], eager_bf16[1][0])
