@@ -124,6 +124,22 @@ def test_layerwise_calibrates_experts_in_the_layer_pass(base, rows):
     assert len(_experts(model)) == LAYERS
 
 
+def test_layer_with_experts_only_and_ignored_experts(base, rows):
+    """A layer whose Linear layers are all ignored still gets its experts quantized with it; ignored experts
+    stay in high precision in both paths."""
+    ignore = ("lm_head", r"re:model\.layers\.1\.self_attn\..*", "model.layers.0.mlp.experts")
+    ref = _quantize(base, rows, "fp8-tensor", ignore=ignore)
+    lw = _quantize(base, rows, "fp8-tensor", ignore=ignore, layerwise=True, device="cpu")
+    assert sorted(_experts(lw)) == sorted(_experts(ref)) == ["model.layers.1.mlp.experts"]
+    assert not isinstance(lw.model.layers[1].self_attn.q_proj, FP8Linear)
+    assert isinstance(lw.model.layers[0].self_attn.q_proj, FP8Linear)
+    a, b = _experts(ref)["model.layers.1.mlp.experts"], _experts(lw)["model.layers.1.mlp.experts"]
+    for k, t in a.state_dict().items():
+        assert torch.equal(_bits(t), _bits(b.state_dict()[k])), k
+    assert moe_report(lw).to_dict() == moe_report(ref).to_dict()
+    assert "model.layers.0.mlp.experts.gate_up_proj" in moe_report(lw).high_precision
+
+
 @pytest.mark.parametrize("scheme", ["fp8-channel", "fp8-dynamic"])
 def test_layerwise_expert_without_tokens_takes_the_fallback(base, rows, scheme):
     forced = _never_route(base)
