@@ -2,6 +2,7 @@
 # The test suite under each CPU capability x torch thread count, one run after the other (make test-matrix).
 #   bash scripts/test_matrix.sh                     # default avx2 native  x  1 2 threads
 #   CAPABILITIES="avx2" THREADS="2" bash scripts/test_matrix.sh
+#   CAPABILITIES="default" PYTEST_ARGS='-m "not slow"' bash scripts/test_matrix.sh   (a marker expression)
 # A capability is what torch computes with:
 #   native   nothing set: the kernels torch and MKL pick for this CPU
 #   avx2     ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2: what an AVX2-only
@@ -20,6 +21,8 @@ CAPABILITIES=${CAPABILITIES:-default avx2 native}
 THREADS=${THREADS:-1 2}
 MATRIX_LOGS=${MATRIX_LOGS:-test-matrix}
 mkdir -p "$MATRIX_LOGS"
+# PYTEST_ARGS with shell quoting kept: PYTEST_ARGS='-m "not slow"' is two arguments
+eval "extra=(${PYTEST_ARGS:-})"
 failed=0
 for cap in $CAPABILITIES; do
   case $cap in
@@ -35,7 +38,7 @@ for cap in $CAPABILITIES; do
     seen=$("${run[@]}" "$VENV/bin/python" -c \
       "import torch; print(f'torch sees {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads')")
     start=$(date +%s)
-    "${run[@]}" "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} > "$log" 2>&1
+    "${run[@]}" "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider "${extra[@]}" > "$log" 2>&1
     rc=$?
     [ $rc -eq 5 ] && rc=1  # no tests collected is a failure
     [ $rc -ne 0 ] && failed=1
