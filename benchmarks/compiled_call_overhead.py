@@ -6,9 +6,11 @@ transformers compiles its static-cache decode step, with a backend that runs the
 returns that result: what a call costs afterwards is the guard evaluation and the collection of the
 graph's inputs, the part of a compiled call that grows with the number of layers and tensors. Each
 path runs in its own process (no other compiled entry to fail through first); the figure is the best of
-``--rounds`` rounds of 10 calls. Runs on a CPU.
+``--rounds`` rounds of 10 calls. Runs on a CPU. A path ``<preset>+fused`` also fuses the q/k/v and
+gate/up siblings (``fp8_linear.fuse_projections``).
 
     python -m benchmarks.compiled_call_overhead [--layers 8] [--paths bf16,fp8-tensor,fp8-channel,fp8-dynamic]
+    python -m benchmarks.compiled_call_overhead --paths bf16,fp8-tensor,fp8-tensor+fused
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import sys
 import time
 
 PATHS = ("bf16", "fp8-tensor", "fp8-channel", "fp8-dynamic")
+#: Path suffix: the FP8 siblings fused (q/k/v, gate/up).
+FUSED = "+fused"
 #: The small Llama: only the structure matters (layers, modules, tensors), not the width.
 CONFIG = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
 
@@ -30,16 +34,19 @@ def measure(path: str, layers: int, rounds: int) -> dict:
     from torch import nn
     from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
-    from fp8_linear import FP8Linear
+    from fp8_linear import FP8Linear, fuse_projections
 
+    preset, fused = (path[: -len(FUSED)], True) if path.endswith(FUSED) else (path, False)
     torch.manual_seed(0)
     cfg = LlamaConfig(num_hidden_layers=layers, **CONFIG)
     model = LlamaForCausalLM(cfg).eval().to(torch.bfloat16)
-    if path != "bf16":
+    if preset != "bf16":
         for name, lin in list(model.named_modules()):
             if isinstance(lin, nn.Linear) and name != "lm_head":
                 parent, _, child = name.rpartition(".")
-                setattr(model.get_submodule(parent), child, FP8Linear.from_linear(lin, path, input_amax=1.0))
+                setattr(model.get_submodule(parent), child, FP8Linear.from_linear(lin, preset, input_amax=1.0))
+    if fused:
+        fuse_projections(model)
     inputs = {}
 
     def run_once(gm, example_inputs):
@@ -83,7 +90,7 @@ def main(argv=None) -> int:
     linears = 7 * args.layers
     print(f"compiled decode step, {args.layers} layers ({linears} linear layers): host us per call beyond running it")
     for r in rows:
-        print(f"{r['path']:<12} {r['us_per_call']:>8.1f} us  ({(r['us_per_call'] - base) / linears:+.2f} us per linear "
+        print(f"{r['path']:<18} {r['us_per_call']:>8.1f} us  ({(r['us_per_call'] - base) / linears:+.2f} us per linear "
               f"layer against {rows[0]['path']}; {r['graph_inputs']} graph inputs)")
     return 0
 
