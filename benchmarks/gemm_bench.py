@@ -5,6 +5,7 @@
     python -m benchmarks.gemm_bench --mode steady              # the 27 judged shapes (M >= 2048), steady state
     python -m benchmarks.gemm_bench --mode decode              # 10 served models' layers at M = 1 .. 1024
     python -m benchmarks.gemm_bench --mode splitk --ms 1,16,64,128 --splits 2,4,8
+    python -m benchmarks.gemm_bench --mode splitk --set decode --models Qwen2.5-0.5B --splits 2,4,8
     python -m benchmarks.gemm_bench --mode raster --configs 7,10 --groups 8,16,32,64
     python -m benchmarks.gemm_bench --mode block               # block scales: 8 Llama layers x M 1 .. 8192
 
@@ -12,7 +13,8 @@ Run from the repository root (``benchmarks`` is a plain package). Modes differ i
 (``benchmarks/common/timing.py``): ``burst`` interleaved ``do_bench`` rounds; ``steady`` each candidate
 alone for ``--burn`` s first (the H200 holds large FP8 GEMMs at its power cap); ``decode`` CUDA graphs
 over operand copies that together span ``--rotate-mb`` (no weight served from L2); ``splitk`` the
-eight Llama-3 layers at ``--ms`` with forced split factors; ``raster`` forced configs under tile-raster
+eight Llama-3 layers (``--set decode``: the decode set's models, ``--models``) at ``--ms`` with forced
+split factors, in CUDA graphs below M = 2048 as in ``decode``; ``raster`` forced configs under tile-raster
 group heights; ``block`` the block-scaled columns on the eight Llama-3 layers at ``--ms``, in CUDA graphs
 below M = 2048 and in steady state from there.
 
@@ -99,7 +101,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--per-channel", action="store_true", help="also ours_ch and each forced config's per-channel twin")
     ap.add_argument("--env", default="", help="NAME=v1,v2,...: our choice once per value of the variable")
     ap.add_argument("--ms", default="", help="splitk and decode modes: M values (default 1,16,64,128,256 / 1,2,..,1024)")
-    ap.add_argument("--models", default="", help="decode mode: comma-separated model names of the decode set")
+    ap.add_argument("--models", default="", help="decode mode, and splitk with --set decode: model names of the decode set")
     ap.add_argument("--splits", default="2,4,8", help="splitk mode: forced split factors (upper bounds)")
     ap.add_argument("--groups", default="8,16,32,64", help="raster mode: tile-raster group heights")
     ap.add_argument("--even-waves", action="store_true", help="raster mode: each launch also on the even-waves grid")
@@ -126,6 +128,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
     mode = args.mode
     if args.shapes:
         shapes = S.parse_shapes(args.shapes)
+    elif mode == "splitk" and args.set == "decode":
+        models = tuple(m.strip() for m in args.models.split(",") if m.strip()) or None
+        shapes = S.decode_set(tuple(S.parse_ints(args.ms or SPLITK_MS, "--ms")), models)
     elif mode in ("splitk", "block") and not args.set:
         default = SPLITK_MS if mode == "splitk" else BLOCK_MS
         shapes = S.small_m_set(tuple(S.parse_ints(args.ms or default, "--ms")) or (1,))

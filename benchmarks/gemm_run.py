@@ -217,7 +217,7 @@ def probe(calls: dict, na: dict) -> dict:
 
 def in_graphs(plan, m: int) -> bool:
     """Whether a shape of ``plan`` is timed in CUDA graphs over rotated operand copies."""
-    return plan.mode == "decode" or (plan.mode == "block" and m < LARGE_M)
+    return plan.mode == "decode" or (plan.mode in ("block", "splitk") and m < LARGE_M)
 
 
 def time_candidates(plan, args, calls: dict, m: int) -> dict:

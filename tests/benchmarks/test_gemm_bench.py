@@ -34,6 +34,13 @@ def test_each_mode_has_its_set_columns_and_timing():
     assert (args.rounds, args.rep, args.burn) == (4, 400, 0.5)
 
 
+def test_splitk_mode_on_decode_models_times_small_m_in_graphs():
+    p = plan_of("--mode", "splitk", "--set", "decode", "--models", "Qwen2.5-0.5B", "--ms", "1,16", "--splits", "2,8")
+    assert p.splits == [1, 2, 8] and len(p.shapes) == 8 and {s.m for s in p.shapes} == {1, 16}
+    assert all(s.layer.startswith("Qwen2.5-0.5B ") for s in p.shapes)
+    assert [R.in_graphs(p, m) for m in (1, 256, 2048)] == [True, True, False]
+
+
 def test_block_mode_times_small_m_in_graphs_and_large_m_steady():
     p = plan_of("--mode", "block")
     assert p.columns == ["ours_block", "cublas_block", "ours", "bf16"] and len(p.shapes) == 56
