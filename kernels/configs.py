@@ -29,6 +29,7 @@ class KernelConfig:
     double_acc: bool = False  # two accumulators: issue k-block i+1 before promoting k-block i
     split_k: bool = False  # has split-K kernel instances (select_splits)
     block_scales: bool = False  # has BLK instances: 1x128 / 128x128 scales
+    block_m: int = BLOCK_M  # tile rows on the kernel's A side: 128 (two consumer warpgroups) or 64 (one)
 
     @property
     def swap_tma_store(self) -> bool:
@@ -53,6 +54,11 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(15, "swap128x144_2acc", 144, True, 1, True),  # 10 with A/B swapped (v21)
     # 3 with two accumulators (k-block i+1 issued before i is promoted): M <= 64 decode tiles (v27)
     KernelConfig(16, "swap128x64_2acc", 64, True, 1, True, split_k=True),
+    # 64 weight rows per tile (one consumer warpgroup, up to 16 stages): twice the CTAs of 1 / 2 / 16 where
+    # a 128-row grid leaves SMs idle (v30); two accumulators, promotion every 128 of K
+    KernelConfig(17, "swap64x16_2acc", 16, True, 1, True, split_k=True, block_m=64),
+    KernelConfig(18, "swap64x32_2acc", 32, True, 1, True, split_k=True, block_m=64),
+    KernelConfig(19, "swap64x64_2acc", 64, True, 1, True, split_k=True, block_m=64),
 )
 #: Config by id.
 CONFIG_BY_ID: dict[int, KernelConfig] = {c.id: c for c in CONFIGS}
@@ -142,6 +148,15 @@ SWAP64_DBL_CONFIG = 16
 SWAP64_DBL_MIN_N_BLOCKS = 16
 SWAP64_DBL_MIN_K = 2048
 
+#: The swapped decode configs' twins with 64-row weight tiles (configs 17-19: one consumer warpgroup,
+#: docs/kernel-log.md v30). At M = 1 a 128-row grid streams the weight through ceil(N / 128) CTAs, and
+#: each SM takes in about 90 GB/s (H200, decode quick set of 2026-12-01: 4096 x 4096 on 32 CTAs 9.0 us,
+#: 1.9 TB/s; cuBLASLt 7.2 us through 64 CTAs), so below about 48 busy SMs the grid, not HBM, sets the
+#: time. :func:`select_config` takes the twin (no block scales: the twins have no BLK instances) where its
+#: grid still fits one wave (ceil(N / 64) column tiles <= the SMs) and the 128-row config would not split
+#: K (where it splits, select_splits has already spread the work over the SMs; that choice stays).
+ROWS64_TWIN = {1: 17, 2: 18, SWAP64_DBL_CONFIG: 19}
+
 #: Environment override: force one config id for every problem (benchmarks, debugging).
 ENV_CONFIG = "FP8_LINEAR_SM90_CONFIG"
 #: Environment override of the split-K factor (1 = off; an upper bound, see select_splits).
@@ -163,17 +178,17 @@ BINDING_MAX_SPLITS = 64
 def tiles(cfg: KernelConfig, m: int, n: int) -> int:
     """Number of output tiles the persistent grid walks for an ``m x n`` output."""
     rows_a, rows_b = (n, m) if cfg.swap_ab else (m, n)
-    return -(-rows_a // BLOCK_M) * -(-rows_b // cfg.block_n)
+    return -(-rows_a // cfg.block_m) * -(-rows_b // cfg.block_n)
 
 
 def estimated_cost(cfg: KernelConfig, m: int, n: int, rel_throughput: float, num_sms: int = 132,
                    k: int = BLOCK_K, tile_overhead_kb: float = 0.0) -> float:
     """Relative time of an ``m x n x k`` problem on ``config``: waves of the persistent grid times the
-    time of one tile, ``BLOCK_M x block_n x (k-blocks + tile_overhead_kb)`` over the config's relative
+    time of one tile, ``block_m x block_n x (k-blocks + tile_overhead_kb)`` over the config's relative
     per-FLOP throughput (with no overhead, K cancels out between candidates)."""
     waves = -(-tiles(cfg, m, n) // max(num_sms, 1))
     num_kb = -(-k // BLOCK_K)
-    return waves * BLOCK_M * cfg.block_n * (num_kb + tile_overhead_kb) / rel_throughput
+    return waves * cfg.block_m * cfg.block_n * (num_kb + tile_overhead_kb) / rel_throughput
 
 
 def _env_int(name: str, lo: int, hi: int, what: str) -> int | None:
@@ -198,7 +213,8 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
     Decode-like M (<= 32, and <= 64 when N has at least SWAP64_MIN_N_BLOCKS row blocks) puts N on
     wgmma's M side (swap A/B) with the narrowest tile that covers M, so no tensor-core work is spent on
     padding rows (for 32 < M <= 64 the two-accumulator tile SWAP64_DBL_CONFIG where N or K is large
-    enough, or config 3 with block scales). Otherwise the fastest of LARGE_M_CANDIDATES by
+    enough, or config 3 with block scales); where that 128-row grid would leave SMs idle, its 64-row twin
+    (:func:`_rows64`, ROWS64_TWIN). Otherwise the fastest of LARGE_M_CANDIDATES by
     :func:`estimated_cost` (128 x 128 or 128 x 144 with two accumulators, or 128 x 192).
 
     ``swap_ok``: the launch has a per-tensor scale_a and a 16-bit output, what the swapped large-M
@@ -222,11 +238,11 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
         except ValueError as e:
             raise ValueError(f"{ENV_CONFIG}={forced!r}: {e}") from None
     if m <= 16:
-        return CONFIG_BY_ID[1]
+        return _rows64(CONFIG_BY_ID[1], m, n, k, num_sms, block)
     if m <= 32:
-        return CONFIG_BY_ID[2]
+        return _rows64(CONFIG_BY_ID[2], m, n, k, num_sms, block)
     if m <= 64 and not block and (-(-n // BLOCK_M) >= SWAP64_DBL_MIN_N_BLOCKS or k >= SWAP64_DBL_MIN_K):
-        return CONFIG_BY_ID[SWAP64_DBL_CONFIG]
+        return _rows64(CONFIG_BY_ID[SWAP64_DBL_CONFIG], m, n, k, num_sms, block)
     if m <= 64 and -(-n // BLOCK_M) >= SWAP64_MIN_N_BLOCKS:
         return CONFIG_BY_ID[3]
     if block:
@@ -235,6 +251,16 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
     if swap_ok and n <= m and select_splits(best, m, n, k, num_sms) == 1:
         return _fastest(SWAPPED_LARGE_M_CANDIDATES, m, n, k, num_sms)
     return best
+
+
+def _rows64(cfg: KernelConfig, m: int, n: int, k: int, num_sms: int, block: bool) -> KernelConfig:
+    """``cfg`` (a swapped decode config of 128-row tiles) or its 64-row twin (ROWS64_TWIN): the twin where
+    the launch has no block scales, the twin's tiles fit in one wave of ``num_sms`` and ``cfg`` would not
+    split K (:func:`select_splits`)."""
+    twin = CONFIG_BY_ID[ROWS64_TWIN[cfg.id]]
+    if block or tiles(twin, m, n) > num_sms or select_splits(cfg, m, n, k, num_sms) > 1:
+        return cfg
+    return twin
 
 
 def _fastest(candidates: tuple[tuple[int, float, float], ...], m: int, n: int, k: int, num_sms: int) -> KernelConfig:

@@ -170,6 +170,7 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   if ((reinterpret_cast<uintptr_t>(g.a) | reinterpret_cast<uintptr_t>(g.b)) % 16 != 0)
     return "operand pointers must be 16-byte aligned";
   const int bn = info.block_n;
+  const int bm = info.block_m;  // the tile's rows on the kernel's A side (64 or 128: the A map's box)
   const bool swap = info.swap_ab;
 
   // Heap-allocated (C++17 aligned new): CUtensorMap needs 64-byte alignment, which a thread's stack
@@ -236,7 +237,7 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   la.rows_a = swap ? g.N : g.M;
   la.rows_b = swap ? g.M : g.N;
   {  // the tile walk's divisors (tile_coords, split_tile), as in the kernels
-    const int num_mp = (la.rows_a + kBM - 1) / kBM;
+    const int num_mp = (la.rows_a + bm - 1) / bm;
     const int num_n = (la.rows_b + bn - 1) / bn;
     const int gm = la.ep.group_m;
     la.ep.div_per_group = make_fast_div(gm * num_n);
@@ -246,7 +247,7 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   }
   const int fa = swap ? g.fmt_b : g.fmt_a;
   const int fb = swap ? g.fmt_a : g.fmt_b;
-  if (const char* e = make_map(&la.tma_a, ka, la.rows_a, g.K, kBM)) return e;
+  if (const char* e = make_map(&la.tma_a, ka, la.rows_a, g.K, bm)) return e;
   if (const char* e = make_map(&la.tma_b, kb, la.rows_b, g.K, bn)) return e;
   const int esize = g.out_kind == 0 ? 4 : 2;
   // TMA stores: the non-swapped configs, and the swapped large-M ones (configs 14, 15) for 16-bit outputs

@@ -6,6 +6,7 @@ namespace fp8sm90 {
 
 struct ConfigInfo {
   int block_n;        // tile width on the kernel's B side
+  int block_m;        // tile rows on the kernel's A side (128, or 64: one consumer warpgroup)
   bool swap_ab;       // kernel A = the weight, kernel B = the activation
   bool split_k;       // has split-K instances
   bool block_scales;  // has block-scaled (BLK) instances
@@ -15,15 +16,18 @@ struct ConfigInfo {
 // The config of id `id` into `info`; false for an id that is not a config.
 inline bool config_info(int id, ConfigInfo& info) {
   switch (id) {
-    case 1: info = {16, true, true, true, "swap128x16_4acc"}; return true;
-    case 2: info = {32, true, true, true, "swap128x32_4acc"}; return true;
-    case 3: info = {64, true, true, true, "swap128x64_4acc"}; return true;
-    case 6: info = {192, false, false, true, "tile128x192"}; return true;
-    case 7: info = {128, false, true, true, "tile128x128_2acc"}; return true;
-    case 10: info = {144, false, true, true, "tile128x144_2acc"}; return true;
-    case 14: info = {128, true, false, false, "swap128x128_2acc"}; return true;
-    case 15: info = {144, true, false, false, "swap128x144_2acc"}; return true;
-    case 16: info = {64, true, true, false, "swap128x64_2acc"}; return true;
+    case 1: info = {16, 128, true, true, true, "swap128x16_4acc"}; return true;
+    case 2: info = {32, 128, true, true, true, "swap128x32_4acc"}; return true;
+    case 3: info = {64, 128, true, true, true, "swap128x64_4acc"}; return true;
+    case 6: info = {192, 128, false, false, true, "tile128x192"}; return true;
+    case 7: info = {128, 128, false, true, true, "tile128x128_2acc"}; return true;
+    case 10: info = {144, 128, false, true, true, "tile128x144_2acc"}; return true;
+    case 14: info = {128, 128, true, false, false, "swap128x128_2acc"}; return true;
+    case 15: info = {144, 128, true, false, false, "swap128x144_2acc"}; return true;
+    case 16: info = {64, 128, true, true, false, "swap128x64_2acc"}; return true;
+    case 17: info = {16, 64, true, true, false, "swap64x16_2acc"}; return true;
+    case 18: info = {32, 64, true, true, false, "swap64x32_2acc"}; return true;
+    case 19: info = {64, 64, true, true, false, "swap64x64_2acc"}; return true;
     default: return false;
   }
 }
@@ -68,6 +72,15 @@ const char* launch_config(const LaunchArgs& la, cudaStream_t stream, bool split,
     case 16:  // swap128x64_2acc
       return split ? launch_one<64, true, 1, FA, FB, true, true>(la, stream)
                    : launch_one<64, true, 1, FA, FB, true>(la, stream);
+    case 17:  // swap64x16_2acc
+      return split ? launch_one<16, true, 1, FA, FB, true, true, false, 64>(la, stream)
+                   : launch_one<16, true, 1, FA, FB, true, false, false, 64>(la, stream);
+    case 18:  // swap64x32_2acc
+      return split ? launch_one<32, true, 1, FA, FB, true, true, false, 64>(la, stream)
+                   : launch_one<32, true, 1, FA, FB, true, false, false, 64>(la, stream);
+    case 19:  // swap64x64_2acc
+      return split ? launch_one<64, true, 1, FA, FB, true, true, false, 64>(la, stream)
+                   : launch_one<64, true, 1, FA, FB, true, false, false, 64>(la, stream);
     default: return "unknown kernel config";
   }
 }

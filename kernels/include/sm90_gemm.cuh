@@ -4,7 +4,8 @@
 //   (BLK: sum over k-blocks kb of the k-block's partial sum * scale_a[m, kb] * scale_b[n / 128, kb] + bias[n])
 //
 // CTA = 3 warpgroups: WG0 producer (one thread issues TMA: the operands' tiles and, with block scales,
-// the k-blocks' activation factors), WG1/WG2 consumers, each owning 64 rows of the 128 x BN tile. BLOCK_K = 128 = one
+// the k-blocks' activation factors), WG1/WG2 consumers, each owning 64 rows of the 128 x BN tile (BM = 64:
+// 2 warpgroups, one consumer owning the 64 x BN tile; the swapped decode tiles, see TileCfg). BLOCK_K = 128 = one
 // 128-byte swizzle row of fp8. K-blocks flow through a ring of STAGES shared-memory stages guarded by
 // full/empty mbarriers. Each k-block is 4 wgmma k32 steps into a fresh accumulator (NACC of them: the
 // decode tiles promote every 32 of K) which is then added into FP32 registers (promotion every 128 of K).
@@ -44,30 +45,32 @@ namespace fp8sm90 {
 
 // The first `n` k-blocks (at most the item's) of the weight tile of work item t into L2: the kernel's A
 // side when SWAP (the weight's rows on wgmma's M side), else its B side; `map` is that side's operand map
-// (box: 128 x kBM or 128 x BN). Issued before the PDL wait: it reads only the weight, into L2.
-template <int BN, bool SWAP, bool SPLIT>
+// (box: 128 x BM or 128 x BN). Issued before the PDL wait: it reads only the weight, into L2.
+template <int BN, bool SWAP, bool SPLIT, int BM = kBM>
 __device__ __forceinline__ void prefetch_weight_l2(const CUtensorMap* map, int t, int num_tiles, int num_m, int num_kb,
                                                    const EpiParams& ep, int n) {
   if (n <= 0 || t >= num_tiles) return;
   int tile, split, kb0, nkb, mb, nb;
   split_tile<SPLIT>(t, ep, num_kb, tile, split, kb0, nkb);
   tile_coords(tile, num_m, ep, mb, nb);
-  const int row = SWAP ? mb * kBM : nb * BN;
+  const int row = SWAP ? mb * BM : nb * BN;
   const int end = kb0 + (n < nkb ? n : nkb);
 #pragma unroll 1
   for (int kb = kb0; kb < end; ++kb) tma_prefetch_l2_2d(map, kb * kBK, row);
 }
 
-template <int BN, bool SWAP, int NACC, int FA, int FB, bool DBL, bool SPLIT = false, bool BLK = false>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int BN, bool SWAP, int NACC, int FA, int FB, bool DBL, bool SPLIT = false, bool BLK = false, int BM = kBM>
+__global__ void __launch_bounds__(TileCfg<BN, SWAP, BLK, BM>::kThreads, 1)
     fp8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const __grid_constant__ CUtensorMap tma_out, int rows_a, int rows_b, int K,
                          const __grid_constant__ EpiParams ep, int prefetch_kb) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  using C = TileCfg<BN, SWAP, BLK>;
+  using C = TileCfg<BN, SWAP, BLK, BM>;
   constexpr int S = C::kStages;
+  // One consumer warpgroup (BM = 64) runs without setmaxnreg: 256 threads have up to 255 registers each.
+  constexpr bool kRegSplit = C::kConsumers == 2;
   uint8_t* smem = g_smem;
-  const SmemLayout<BN, SWAP, BLK> L(smem);
+  const SmemLayout<BN, SWAP, BLK, BM> L(smem);
   uint8_t* sA = L.sA;
   uint8_t* sB = L.sB;
   uint8_t* sC = L.sC;
@@ -75,7 +78,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* full = L.full;
   uint64_t* empty = L.empty;
 
-  const int num_m = (rows_a + kBM - 1) / kBM;
+  const int num_m = (rows_a + BM - 1) / BM;
   const int num_n = (rows_b + BN - 1) / BN;
   const int num_kb = (K + kBK - 1) / kBK;
   const int num_tiles = num_m * num_n * (SPLIT ? ep.splits : 1);  // work items: tiles x K splits
@@ -84,26 +87,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tile_step = gridDim.x;
 
   if (threadIdx.x == 0) {
-    init_stage_barriers<S>(&tma_a, &tma_b, full, empty);
+    init_stage_barriers<S, 1, 4 * C::kConsumers>(&tma_a, &tma_b, full, empty);
     if constexpr (BLK) tma_prefetch_desc(&ep.tma_sa);
     // PDL: the weight's first k-blocks into L2 while the previous kernel finishes (here, before
     // setmaxnreg: in the producer's 40 registers the tile arithmetic spilled, nvcc 13.0)
-    prefetch_weight_l2<BN, SWAP, SPLIT>(SWAP ? &tma_a : &tma_b, first_tile, num_tiles, num_m, num_kb, ep, prefetch_kb);
+    prefetch_weight_l2<BN, SWAP, SPLIT, BM>(SWAP ? &tma_a : &tma_b, first_tile, num_tiles, num_m, num_kb, ep,
+                                            prefetch_kb);
   }
   __syncthreads();
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer
-    setmaxnreg_dec<RegSplit<BN, DBL>::kProducer>();
+    if constexpr (kRegSplit) setmaxnreg_dec<RegSplit<BN, DBL>::kProducer>();
     if (threadIdx.x == 0) {
       fp8pdl::pdl_wait();  // the activation, its scales: the previous kernel's output
-      producer_loop<BN, S, C::kStageA, C::kStageB, C::kStage, SPLIT, SWAP, BLK>(
+      producer_loop<BN, S, C::kStageA, C::kStageB, C::kStage, SPLIT, SWAP, BLK, BM>(
           &tma_a, &tma_b, sA, sB, full, empty, first_tile, num_tiles, tile_step, num_m, num_kb, ep, L.scales);
       fp8pdl::pdl_launch_dependents();  // every load issued: the next kernel may start its prologue
     }
   } else {
     // ------------------------------------------------------------ consumers
-    setmaxnreg_inc<RegSplit<BN, DBL>::kConsumer>();
+    if constexpr (kRegSplit) setmaxnreg_inc<RegSplit<BN, DBL>::kConsumer>();
     fp8pdl::pdl_wait();  // scales, bias, the output (and split-K workspace) may be the previous kernel's
     const int cw = wg - 1;
     const int tid = threadIdx.x % 128;
@@ -119,7 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       split_tile<SPLIT>(t, ep, num_kb, tile, split, kb0, nkb);
       tile_coords(tile, num_m, ep, mb, nb);
       const int lr0 = warp * 16 + lane / 4;  // local row inside the warpgroup's 64 rows
-      const int tile_row0 = mb * kBM + cw * 64;
+      const int tile_row0 = mb * BM + cw * 64;
       const int row0 = tile_row0 + lr0;
       const int col_base = nb * BN;
       EpiPrefetch<BN> pf;

@@ -24,10 +24,11 @@ struct LaunchArgs {
   int blk;         // 1: fine-grained scales (ep.blk_sa / blk_sb): the BLK kernel instances
 };
 
-template <int BN, bool SWAP, int NACC, int FA, int FB, bool DBL = false, bool SPLIT = false, bool BLK = false>
+template <int BN, bool SWAP, int NACC, int FA, int FB, bool DBL = false, bool SPLIT = false, bool BLK = false,
+          int BM = kBM>
 const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
-  using C = TileCfg<BN, SWAP, BLK>;
-  auto kernel = &fp8_gemm_sm90_kernel<BN, SWAP, NACC, FA, FB, DBL, SPLIT, BLK>;
+  using C = TileCfg<BN, SWAP, BLK, BM>;
+  auto kernel = &fp8_gemm_sm90_kernel<BN, SWAP, NACC, FA, FB, DBL, SPLIT, BLK, BM>;
   // Once per instance and device (not on every launch: later calls, CUDA graph capture included, see
   // only the launch).
   static std::atomic<uint64_t> done_mask{0};
@@ -36,7 +37,7 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
   if (e != cudaSuccess) return cudaGetErrorString(e);
   const uint64_t bit = uint64_t(1) << (dev & 63);
   cudaLaunchConfig_t cfg = {};
-  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.blockDim = dim3(C::kThreads, 1, 1);
   cfg.dynamicSmemBytes = C::kSmem;
   cfg.stream = stream;
   // Programmatic dependent launch (pdl.h): the weight's first k-blocks are prefetched into L2 only
@@ -50,13 +51,13 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
     if (e != cudaSuccess) return cudaGetErrorString(e);
     if (const char* v = getenv("FP8_LINEAR_SM90_VERBOSE"); v != nullptr && v[0] == '1') {
-      fprintf(stderr, "fp8_linear sm90: BN=%d swap=%d nacc=%d dbl=%d split=%d blk=%d stages=%d smem=%d: grid up to %d CTAs\n",
-              BN, int(SWAP), NACC, int(DBL), int(SPLIT), int(BLK), C::kStages, C::kSmem, la.num_sms);
+      fprintf(stderr, "fp8_linear sm90: BM=%d BN=%d swap=%d nacc=%d dbl=%d split=%d blk=%d stages=%d smem=%d: grid up to %d CTAs\n",
+              BM, BN, int(SWAP), NACC, int(DBL), int(SPLIT), int(BLK), C::kStages, C::kSmem, la.num_sms);
     }
     done_mask.fetch_or(bit, std::memory_order_acq_rel);
   }
   // Persistent grid: at most one CTA per SM (tiles are walked in a loop).
-  const int tiles = ((la.rows_a + kBM - 1) / kBM) * ((la.rows_b + BN - 1) / BN) * (SPLIT ? la.ep.splits : 1);
+  const int tiles = ((la.rows_a + BM - 1) / BM) * ((la.rows_b + BN - 1) / BN) * (SPLIT ? la.ep.splits : 1);
   int ctas = tiles < la.num_sms ? tiles : la.num_sms;
   if (la.even_waves && ctas > 0) {
     const int waves = (tiles + ctas - 1) / ctas;

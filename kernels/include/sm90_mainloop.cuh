@@ -145,10 +145,10 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
 
 // Thread 0: prefetch the operand tensor maps and initialise the stage barriers.
 //   full[s]:  1 arrival (the producer's arrive.expect_tx) + the stage's TMA bytes; consumers wait on it.
-//   empty[s]: one arrival per consumer warp (2 warpgroups x 4 warps); the producer waits on it
-//             before refilling the stage.
+//   empty[s]: one arrival per consumer warp (kEmpty: 2 warpgroups x 4 warps, or 4 for the one consumer
+//             warpgroup of a 64-row tile); the producer waits on it before refilling the stage.
 //   (BLK: the stage's activation factors come with the same expect_tx, sm90_blockscale.cuh.)
-template <int S, int kFull = 1>
+template <int S, int kFull = 1, int kEmpty = 8>
 __device__ __forceinline__ void init_stage_barriers(const CUtensorMap* tma_a, const CUtensorMap* tma_b,
                                                     uint64_t* full, uint64_t* empty) {
   tma_prefetch_desc(tma_a);
@@ -156,16 +156,17 @@ __device__ __forceinline__ void init_stage_barriers(const CUtensorMap* tma_a, co
 #pragma unroll
   for (int s = 0; s < S; ++s) {
     mbar_init(&full[s], kFull);
-    mbar_init(&empty[s], 8);  // one arrival per consumer warp (2 warpgroups x 4 warps)
+    mbar_init(&empty[s], kEmpty);  // one arrival per consumer warp
   }
   fence_mbar_init();
   fence_proxy_async();
 }
 
 // The producer thread: for every tile of this CTA, every k-block: wait until the stage is empty, then
-// load A (128 rows) and B (BN rows) into it, completing on full[] (BLK: and the k-block's activation
+// load A (BM rows) and B (BN rows) into it, completing on full[] (BLK: and the k-block's activation
 // factors into the stage's slot of `slots`).
-template <int BN, int S, int kStageA, int kStageB, int kStage, bool SPLIT = false, bool SWAP = false, bool BLK = false>
+template <int BN, int S, int kStageA, int kStageB, int kStage, bool SPLIT = false, bool SWAP = false, bool BLK = false,
+          int BM = kBM>
 __device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CUtensorMap* tma_b, uint8_t* sA,
                                               uint8_t* sB, uint64_t* full, uint64_t* empty, int first_tile,
                                               int num_tiles, int tile_step, int num_m, int num_kb,
@@ -180,7 +181,7 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CU
     for (int kb = kb0; kb < kb0 + nkb; ++kb) {
       mbar_wait(&empty[stage], phase ^ 1);
       mbar_arrive_expect_tx(&full[stage], kBytes);  // OOB parts are zero-filled and still counted
-      tma_load_2d(sA + stage * kStageA, tma_a, &full[stage], kb * kBK, mb * kBM);
+      tma_load_2d(sA + stage * kStageA, tma_a, &full[stage], kb * kBK, mb * BM);
       tma_load_2d(sB + stage * kStageB, tma_b, &full[stage], kb * kBK, nb * BN);
       if constexpr (BLK) load_scale_slot<BN, SWAP>(slots + stage * kScaleSlotFloats, ep, &full[stage], kb,
                                                    SWAP ? nb * BN : mb * kBM);

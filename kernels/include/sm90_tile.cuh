@@ -12,7 +12,7 @@ namespace fp8sm90 {
 
 constexpr int kBM = 128;
 constexpr int kBK = 128;
-constexpr int kThreads = 384;
+constexpr int kThreads = 384;  // 128-row tiles (and the grouped kernel): producer + 2 consumer warpgroups
 constexpr int kSmemLimit = 227 * 1024;
 // Tile raster: groups of EpiParams::group_m row-blocks, column-major inside a
 // group, so that a group's A panel stays in L2 while its columns go by. kGroupM is the default.
@@ -85,9 +85,19 @@ extern __shared__ __align__(1024) uint8_t g_smem[];
 // columns when swapped (one box of the M-major scale_a).
 constexpr int kScaleSlotFloats = kBM;
 
-template <int BN, bool SWAP, bool BLK = false>
+// BM: the tile's rows on the kernel's A side, 128 (two consumer warpgroups of 64 rows) or 64 (one consumer
+// warpgroup: the swapped decode tiles of 64 weight rows, twice the CTAs of a 128-row grid; no BLK
+// instances). A 64-row tile keeps up to kMaxStages64 k-blocks in flight (16 x 8-10 KB per SM, the bytes in
+// flight of the 128-row tile's 8 stages): the stage count, not the tile, sets how much of the weight stream
+// an SM has requested (docs/kernel-log.md v30).
+constexpr int kMaxStages128 = 8;
+constexpr int kMaxStages64 = 16;
+template <int BN, bool SWAP, bool BLK = false, int BM = kBM>
 struct TileCfg {
-  static constexpr int kStageA = kBM * kBK;
+  static_assert(BM == kBM || (BM == 64 && SWAP && !BLK), "64-row tiles: swapped, without block scales");
+  static constexpr int kConsumers = BM / 64;           // consumer warpgroups, 64 rows each
+  static constexpr int kThreads = 128 * (1 + kConsumers);  // + the producer warpgroup
+  static constexpr int kStageA = BM * kBK;
   static constexpr int kStageB = BN * kBK;
   static constexpr int kStage = kStageA + kStageB;
   static constexpr int kScaleSlot = BLK ? kScaleSlotFloats * 4 : 0;  // bytes per stage
@@ -96,11 +106,13 @@ struct TileCfg {
                                 : SWAP                      ? 0
                                                             : 2 * (64 * staged_cols<BN>() * 2 + strip_bytes<BN>());
   static constexpr int kVec = 2 * 2 * BN * 4;                // per consumer WG: column scale + column bias
-  static constexpr int kBarBytes = 2 * 8 * 16;
+  static constexpr int kBarBytes = 2 * 8 * 16;  // full + empty mbarriers of up to 16 stages
   static constexpr int kStagesFit = (kSmemLimit - kCTile - kVec - kBarBytes) / (kStage + kScaleSlot);
-  static constexpr int kStages = kStagesFit > 8 ? 8 : kStagesFit;
+  static constexpr int kMaxStages = BM == kBM ? kMaxStages128 : kMaxStages64;
+  static constexpr int kStages = kStagesFit > kMaxStages ? kMaxStages : kStagesFit;
   static constexpr int kSmem = kStages * (kStage + kScaleSlot) + kCTile + kVec + kBarBytes;
   static_assert(kStages >= 4, "too few stages");
+  static_assert(kStages <= 16, "kBarBytes holds the barriers of 16 stages");
   static_assert((kStages * kStage + kCTile + kVec + kBarBytes) % 128 == 0 && kScaleSlot % 128 == 0,
                 "the scale slots are TMA destinations: 128-byte aligned");
   static_assert(kStageB % 1024 == 0, "B stage must keep 1024-byte alignment");
@@ -159,10 +171,10 @@ __device__ __forceinline__ void split_tile(int t, const EpiParams& ep, int num_k
   nkb = min(ep.kb_per_split, num_kb - kb0);
 }
 
-// Shared-memory carve-up of one CTA from the 1024-byte-aligned base: S stages of A (128 x 128) and
+// Shared-memory carve-up of one CTA from the 1024-byte-aligned base: S stages of A (BM x 128) and
 // B (BN x 128) tiles, the consumer warpgroups' output staging (kCTile) and column vectors (kVec),
 // then the S full and S empty mbarriers (kBarBytes), then (BLK) the S scale slots.
-template <int BN, bool SWAP, bool BLK = false>
+template <int BN, bool SWAP, bool BLK = false, int BM = kBM>
 struct SmemLayout {
   uint8_t* sA;
   uint8_t* sB;
@@ -172,7 +184,7 @@ struct SmemLayout {
   uint64_t* empty;
   float* scales;  // BLK: S slots of kScaleSlotFloats
   __device__ __forceinline__ explicit SmemLayout(uint8_t* smem) {
-    using C = TileCfg<BN, SWAP, BLK>;
+    using C = TileCfg<BN, SWAP, BLK, BM>;
     sA = smem;
     sB = smem + C::kStages * C::kStageA;
     sC = sB + C::kStages * C::kStageB;

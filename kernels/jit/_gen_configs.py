@@ -30,13 +30,14 @@ def _b(v: bool) -> str:
 
 
 def _instance(c, split: bool, blk: bool) -> str:
-    """``launch_one<...>`` of config ``c`` (template arguments past DBL only where set)."""
+    """``launch_one<...>`` of config ``c`` (template arguments past DBL only where set: SPLIT, BLK, and BM
+    where the tile has 64 rows)."""
     args = [str(c.block_n), _b(c.swap_ab), str(c.n_acc), "FA", "FB", _b(c.double_acc)]
-    if split or blk:
-        args.append(_b(split))
-    if blk:
-        args.append("true")
-    return f"launch_one<{', '.join(args)}>(la, stream)"
+    tail = [_b(split), _b(blk), str(c.block_m)]
+    defaults = ["false", "false", "128"]
+    while tail and tail[-1] == defaults[len(tail) - 1]:
+        tail.pop()
+    return f"launch_one<{', '.join(args + tail)}>(la, stream)"
 
 
 def _launch_case(c) -> list[str]:
@@ -60,6 +61,7 @@ def render() -> str:
         "#pragma once\n\nnamespace fp8sm90 {\n\n",
         "struct ConfigInfo {\n",
         "  int block_n;        // tile width on the kernel's B side\n",
+        "  int block_m;        // tile rows on the kernel's A side (128, or 64: one consumer warpgroup)\n",
         "  bool swap_ab;       // kernel A = the weight, kernel B = the activation\n",
         "  bool split_k;       // has split-K instances\n",
         "  bool block_scales;  // has block-scaled (BLK) instances\n",
@@ -69,7 +71,7 @@ def render() -> str:
         "inline bool config_info(int id, ConfigInfo& info) {\n  switch (id) {\n",
     ]
     for c in cfgs:
-        parts.append(f"    case {c.id}: info = {{{c.block_n}, {_b(c.swap_ab)}, {_b(c.split_k)}, "
+        parts.append(f"    case {c.id}: info = {{{c.block_n}, {c.block_m}, {_b(c.swap_ab)}, {_b(c.split_k)}, "
                      f"{_b(c.block_scales)}, \"{c.name}\"}}; return true;\n")
     parts += ["    default: return false;\n  }\n}\n\n",
               "// The instance of config la.config for split K (`split`, only where the config splits) and block\n",

@@ -43,11 +43,14 @@ def test_block_choice_has_block_instances(monkeypatch):
 def test_block_choice_is_the_per_tensor_model(monkeypatch):
     """Where the per-tensor choice (without the swapped twins) has block instances, block scales get the
     same config (unless it is measured slower than config 7 with block scales: BLOCK_SLOWER_THAN_7);
-    the two-accumulator 64-wide decode tile (no block instances) falls back to its
-    four-accumulator twin; elsewhere the cheapest of the block candidates by the same cost model."""
+    the 64-row decode tiles (no block instances) give their 128-row configs; the two-accumulator 64-wide
+    decode tile (no block instances) falls back to its four-accumulator twin; elsewhere the cheapest of
+    the block candidates by the same cost model."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
+    rows128 = {twin: base for base, twin in configs.ROWS64_TWIN.items()}
     for m, n, k in SWEEP:
         plain = configs.select_config(m, n, k)
+        plain = configs.CONFIG_BY_ID[rows128.get(plain.id, plain.id)]
         blk = configs.select_config(m, n, k, block=True)
         if plain.id == configs.SWAP64_DBL_CONFIG and -(-n // 128) >= configs.SWAP64_MIN_N_BLOCKS:
             assert blk.id == 3, (m, n, k)

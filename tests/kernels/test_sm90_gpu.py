@@ -250,7 +250,7 @@ def test_swap_tma_store_bitwise_equals_direct(cfg, m, n, k, out_dtype, ska, skb,
 
 
 # --------------------------------------------------------------- K = 16400 needs the FP32 promotion
-@pytest.mark.parametrize("cfg", [1, 3, *LARGE_CFGS])
+@pytest.mark.parametrize("cfg", [1, 3, 17, 19, *LARGE_CFGS])
 def test_long_k_promotion_fp32(cfg):
     d = _case(512, 512, 16400, E4, E4, "tensor", "tensor", None, torch.float32, config=cfg)
     assert d <= 1e-8
@@ -295,6 +295,49 @@ def test_raster_group_is_bitwise_neutral(cfg, monkeypatch):
         assert torch.equal(out, ref), f"config {cfg}, group_m {g}"
 
 
+# --------------------------------------------------------------- 64-row decode tiles (configs 17-19)
+#: One consumer warpgroup over 64 weight rows, a ring of up to 16 stages: N tails at the 64-row box's
+#: edges (63, 64, 65, 127, 129, 4104), grids past one wave (N = 9000: 141 tiles on 132 SMs; 20000: 313, so
+#: several tiles per CTA), K from one k-block to 129 (the 16-stage ring wraps its phases 8 times), M below,
+#: at and past the tile width (several column tiles), every scale kind, bias and output dtype in turn.
+ROWS64_CFGS = [c.id for c in configs.CONFIGS if c.block_m == 64]
+ROWS64_SHAPES = [(1, 63, 48), (1, 64, 1040), (1, 65, 16400), (7, 127, 4096), (16, 129, 128), (16, 4104, 4864),
+                 (3, 9000, 896), (1, 20000, 256), (33, 200, 2048), (64, 4096, 4096), (100, 1000, 1040)]
+
+
+@pytest.mark.parametrize("cfg", ROWS64_CFGS)
+@pytest.mark.parametrize("m, n, k", ROWS64_SHAPES)
+def test_rows64_tiles(cfg, m, n, k):
+    i = ROWS64_SHAPES.index((m, n, k)) + cfg
+    ska, skb = SCALES[i % 4]
+    bias_dtype = [None, torch.bfloat16, torch.float32, torch.float16][(i // 2) % 4]
+    _case(m, n, k, *FMTS[(i // 3) % 4], ska, skb, bias_dtype, OUTS[i % 3], config=cfg)
+
+
+@pytest.mark.parametrize("m, n, k, splits", [(64, 4104, 4096, 1), (40, 1000, 16400, 1), (1, 8200, 1040, 1),
+                                             (64, 1000, 16400, 4), (9, 300, 8192, 3)])
+def test_rows64_twin_bitwise_equals_128_rows(m, n, k, splits):
+    """Config 19 is config 16 (the 64-wide swapped tile, two accumulators) with 64 weight rows a tile
+    instead of 128: every output row comes from the same 64-row wgmmas (config 16's second warpgroup reads
+    the other half of a 128-row stage) promoted in the same order, so the bits are config 16's, split K
+    included."""
+    a, b, sa, sb, bias = make_inputs(m, n, k, E4, E4, "row", "row", torch.bfloat16)
+    rows128 = run_poisoned(a, b, sa, sb, bias, torch.bfloat16, configs.SWAP64_DBL_CONFIG, splits=splits)
+    rows64 = run_poisoned(a, b, sa, sb, bias, torch.bfloat16, configs.ROWS64_TWIN[configs.SWAP64_DBL_CONFIG],
+                          splits=splits)
+    assert torch.equal(rows64.view(torch.int16), rows128.view(torch.int16)), f"{m}x{n}x{k} splits={splits}"
+    check(rows64, reference(a, b, sa, sb, bias), torch.bfloat16, f"64-row {m}x{n}x{k}")
+
+
+@pytest.mark.parametrize("cfg", ROWS64_CFGS)
+def test_rows64_bitwise_repeatable(cfg):
+    a, b, sa, sb, bias = make_inputs(7, 4104, 16400, E4, E5, "row", "row", torch.bfloat16)
+    first = run_poisoned(a, b, sa, sb, bias, torch.bfloat16, cfg)
+    same = sum(torch.equal(first, run_poisoned(a, b, sa, sb, bias, torch.bfloat16, cfg)) for _ in range(49))
+    assert same == 49, f"config {cfg}: {same + 1} of 50 launches bitwise equal"
+    check(first, reference(a, b, sa, sb, bias), torch.bfloat16, f"config {cfg}")
+
+
 # --------------------------------------------------------------- split K (few tiles, long K)
 #: Split K sums up to `splits` fp32 partials (each scaled, no bias) in a second kernel that adds the
 #: bias and casts: every config that can split, forced factors (an upper bound: a factor with empty
@@ -322,7 +365,7 @@ def test_split_k(cfg, splits, m, n, k, out_dtype):
     assert d <= bar, f"cfg={cfg} splits={splits} M={m} N={n} K={k} out={out_dtype}: calc_diff {d:.3e} > {bar:.3e} (unsplit {d_whole:.3e})"
 
 
-@pytest.mark.parametrize("cfg", [3, 7])
+@pytest.mark.parametrize("cfg", [3, 7, 19])
 def test_split_k_zero_bias_and_repeatable(cfg):
     """A zero bias and no bias give the same bits (the reduction adds + 0 either way), and repeated
     launches agree bit for bit (the splits are summed in a fixed order)."""

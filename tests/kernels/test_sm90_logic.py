@@ -107,21 +107,26 @@ def test_select_config_small_m_small_problem(monkeypatch):
     """32 < M <= 64 with few row blocks and short K (Qwen2.5-0.5B's 1152 x 896): config 7, which measured
     ahead of the 64-wide swapped tiles there (kernels/configs.py SWAP64_DBL_MIN_N_BLOCKS)."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
+    monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
+    twin = configs.ROWS64_TWIN[configs.SWAP64_DBL_CONFIG]  # 14 / 32 tiles of 64 rows: fit one wave
     assert configs.select_config(64, 1152, 896).id == 7
-    assert configs.select_config(64, 896, 4864).id == configs.SWAP64_DBL_CONFIG  # long K
-    assert configs.select_config(64, 2048, 896).id == configs.SWAP64_DBL_CONFIG  # 16 row blocks
+    assert configs.select_config(64, 896, 4864).id == twin  # long K
+    assert configs.select_config(64, 2048, 896).id == twin  # 16 row blocks
 
 
-@pytest.mark.parametrize("m, n, cid, bn, swap", [(1, 4096, 1, 16, True), (16, 4096, 1, 16, True),
-                                                  (17, 4096, 2, 32, True), (32, 4096, 2, 32, True),
-                                                  (33, 4096, 16, 64, True), (64, 6144, 16, 64, True),
-                                                  (33, 6272, 16, 64, True), (64, 10240, 16, 64, True),
-                                                  (65, 4096, 7, 128, False), (4096, 4096, 7, 128, False),
-                                                  (8192, 4096, 7, 128, False)])
-def test_select_config(m, n, cid, bn, swap, monkeypatch):
+@pytest.mark.parametrize("m, n, cid, bm, bn, swap", [
+    (1, 4096, 17, 64, 16, True), (16, 4096, 17, 64, 16, True),      # 64 tiles of 64 rows
+    (1, 8448, 17, 64, 16, True), (1, 8449, 1, 128, 16, True),       # 132 tiles of 64 rows fit, 133 do not
+    (1, 28672, 1, 128, 16, True),                                   # 224 tiles of 128: every SM busy
+    (17, 4096, 18, 64, 32, True), (32, 4096, 18, 64, 32, True), (32, 10240, 2, 128, 32, True),
+    (33, 4096, 19, 64, 64, True), (64, 6144, 19, 64, 64, True), (33, 6272, 19, 64, 64, True),
+    (64, 10240, 16, 128, 64, True), (65, 4096, 7, 128, 128, False), (4096, 4096, 7, 128, 128, False),
+    (8192, 4096, 7, 128, 128, False)])
+def test_select_config(m, n, cid, bm, bn, swap, monkeypatch):
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
+    monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
     c = configs.select_config(m, n, 4096)
-    assert (c.id, c.block_n, c.swap_ab) == (cid, bn, swap)
+    assert (c.id, c.block_m, c.block_n, c.swap_ab) == (cid, bm, bn, swap)
     # a swapped tile must cover M in one column block
     if c.swap_ab:
         assert m <= c.block_n
@@ -231,13 +236,19 @@ def test_generated_config_header_instances():
         end = launch.index(f"    case {ids[i + 1]}:", start) if i + 1 < len(ids) else launch.index("default:", start)
         case = launch[start:end]
         head = f"launch_one<{c.block_n}, {str(c.swap_ab).lower()}, {c.n_acc}, FA, FB, {str(c.double_acc).lower()}"
-        assert f"{head}>(la" in case, case
-        assert (f"{head}, true>(la" in case) == c.split_k, case
-        assert (f"{head}, false, true>(la" in case) == c.block_scales, case
-        assert (f"{head}, true, true>(la" in case) == (c.split_k and c.block_scales), case
+        # SPLIT, BLK, BM: the trailing defaults (false, false, 128) left out
+        tail = {(False, False): "", (True, False): ", true", (False, True): ", false, true",
+                (True, True): ", true, true"}
+        if c.block_m != 128:
+            tail = {(False, False): ", false, false", (True, False): ", true, false"}
+            tail = {key: f"{t}, {c.block_m}" for key, t in tail.items()}
+        assert f"{head}{tail[False, False]}>(la" in case, case
+        assert (f"{head}{tail[True, False]}>(la" in case) == c.split_k, case
+        assert (f"{head}{tail.get((False, True), '?')}>(la" in case) == c.block_scales, case
+        assert (f"{head}{tail.get((True, True), '?')}>(la" in case) == (c.split_k and c.block_scales), case
         b = lambda v: str(v).lower()  # noqa: E731
-        assert (f"case {c.id}: info = {{{c.block_n}, {b(c.swap_ab)}, {b(c.split_k)}, {b(c.block_scales)}, "
-                f"\"{c.name}\"}}") in src
+        assert (f"case {c.id}: info = {{{c.block_n}, {c.block_m}, {b(c.swap_ab)}, {b(c.split_k)}, "
+                f"{b(c.block_scales)}, \"{c.name}\"}}") in src
 
 
 def test_configs_named_and_unique():
@@ -246,7 +257,7 @@ def test_configs_named_and_unique():
     assert len({c.id for c in configs.CONFIGS}) == len({c.name for c in configs.CONFIGS}) == len(configs.CONFIGS)
     for c in configs.CONFIGS:
         assert configs.config(c.id) is configs.config(str(c.id)) is configs.config(c.name) is c
-        assert c.name.startswith("swap" if c.swap_ab else "tile")
+        assert c.name.startswith(("swap" if c.swap_ab else "tile") + f"{c.block_m}x{c.block_n}")
         assert f"x{c.block_n}" in c.name and c.name.endswith(f"_{c.n_acc}acc" if c.n_acc > 1 else
                                                             "_2acc" if c.double_acc else f"x{c.block_n}")
     with pytest.raises(ValueError, match="unknown sm90 kernel config"):
@@ -284,6 +295,47 @@ def test_tiles():
     assert configs.tiles(c7, 8192, 8192) == 64 * 64
     assert configs.tiles(c7, 129, 200) == 2 * 2
     assert configs.tiles(c1, 1, 4096) == 32  # swapped: N on the 128-row side
+    c17, c19 = configs.CONFIG_BY_ID[17], configs.CONFIG_BY_ID[19]
+    assert configs.tiles(c17, 1, 4096) == 64  # 64-row tiles: twice the CTAs
+    assert configs.tiles(c17, 16, 4097) == 65 and configs.tiles(c17, 17, 4096) == 128
+    assert configs.tiles(c19, 64, 896) == 14
+
+
+def test_rows64_twins(monkeypatch):
+    """The 64-row twins (configs 17-19) are the 128-row decode configs with half the rows per tile and
+    otherwise the same tile, order and schedule; the choice takes a twin only where its grid fits one wave,
+    the 128-row config would not split K, and the launch has no block scales (the twins have no block
+    instances)."""
+    monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
+    monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
+    assert set(configs.ROWS64_TWIN.values()) == {c.id for c in configs.CONFIGS if c.block_m == 64}
+    for base_id, twin_id in configs.ROWS64_TWIN.items():
+        base, twin = configs.CONFIG_BY_ID[base_id], configs.CONFIG_BY_ID[twin_id]
+        assert (twin.block_m, base.block_m) == (64, 128)
+        assert (twin.block_n, twin.swap_ab, twin.split_k) == (base.block_n, True, True)
+        assert twin.double_acc and twin.n_acc == 1 and not twin.block_scales
+    for m in (1, 7, 16, 17, 32, 33, 64):
+        for n in (72, 896, 1152, 3072, 4096, 6144, 8192, 8448, 8449, 10240, 28672):
+            for k in (896, 4096, 4864, 14336, 28672):
+                c = configs.select_config(m, n, k)
+                blk = configs.select_config(m, n, k, block=True)
+                assert blk.block_m == 128 and blk.block_scales, (m, n, k, blk.id)
+                if c.block_m != 64:
+                    continue
+                base = configs.CONFIG_BY_ID[{v: b for b, v in configs.ROWS64_TWIN.items()}[c.id]]
+                assert configs.tiles(c, m, n) <= 132, (m, n, k)
+                assert configs.select_splits(base, m, n, k) == 1, (m, n, k)
+                assert configs.tiles(c, m, n) == 2 * configs.tiles(base, m, n) - (-(-n // 64) % 2)
+    # where the 128-row config splits K, it stays (4096 x 14336: 32 tiles, 4 splits of 28 k-blocks)
+    assert configs.select_config(1, 4096, 14336).id == 1
+    assert configs.select_config(64, 4096, 14336).id == configs.SWAP64_DBL_CONFIG
+    # split K forced off: the twin
+    monkeypatch.setenv(configs.ENV_SPLITS, "1")
+    assert configs.select_config(1, 4096, 14336).id == 17
+    # fewer SMs: 64 tiles of 64 rows no longer fit one wave of 48
+    monkeypatch.delenv(configs.ENV_SPLITS)
+    assert configs.select_config(1, 4096, 4096, num_sms=48).id == 1
+    assert configs.select_config(1, 3072, 4096, num_sms=48).id == 17
 
 
 # ---------------------------------------------------------------- cache key / folder
@@ -319,7 +371,7 @@ def test_select_splits(m, n, k, want, monkeypatch):
 
 def test_select_splits_only_for_configs_with_split_instances(monkeypatch):
     monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
-    assert [c.id for c in configs.CONFIGS if c.split_k] == [1, 2, 3, 7, 10, 16]
+    assert [c.id for c in configs.CONFIGS if c.split_k] == [1, 2, 3, 7, 10, 16, 17, 18, 19]
     for c in configs.CONFIGS:
         if not c.split_k:
             assert configs.select_splits(c, 64, 256, 16384) == 1
