@@ -8,7 +8,7 @@
 // 2 warpgroups, one consumer owning the 64 x BN tile; the swapped decode tiles, see TileCfg). BLOCK_K = 128 = one
 // 128-byte swizzle row of fp8. K-blocks flow through a ring of STAGES shared-memory stages guarded by
 // full/empty mbarriers. Each k-block is 4 wgmma k32 steps into a fresh accumulator (NACC of them: the
-// decode tiles promote every 32 of K) which is then added into FP32 registers (promotion every 128 of K).
+// four-accumulator decode tiles promote every 32 of K) which is then added into FP32 registers (promotion every 128 of K).
 // DBL: two such accumulators per consumer WG, k-block i+1 issued before k-block i is retired and
 // promoted (the large-M tiles).
 // Epilogue: scales, bias and the cast, staged in shared memory (stmatrix for 16-bit outputs) and
