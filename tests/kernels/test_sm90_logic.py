@@ -108,10 +108,12 @@ def test_select_config_small_m_small_problem(monkeypatch):
     ahead of the 64-wide swapped tiles there (kernels/configs.py SWAP64_DBL_MIN_N_BLOCKS)."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
-    twin = configs.ROWS64_TWIN[configs.SWAP64_DBL_CONFIG]  # 14 / 32 tiles of 64 rows: fit one wave
+    base = configs.CONFIG_BY_ID[configs.SWAP64_DBL_CONFIG]
+    # its 64-row twin (14 / 32 tiles: one wave) unless the 128-row tile splits K (test_rows64_twins)
+    for n, k in ((896, 4864), (2048, 896)):  # long K; 16 row blocks
+        want = base.id if configs.select_splits(base, 64, n, k) > 1 else configs.ROWS64_TWIN[base.id]
+        assert configs.select_config(64, n, k).id == want
     assert configs.select_config(64, 1152, 896).id == 7
-    assert configs.select_config(64, 896, 4864).id == twin  # long K
-    assert configs.select_config(64, 2048, 896).id == twin  # 16 row blocks
 
 
 @pytest.mark.parametrize("m, n, cid, bm, bn, swap", [
@@ -123,8 +125,10 @@ def test_select_config_small_m_small_problem(monkeypatch):
     (64, 10240, 16, 128, 64, True), (65, 4096, 7, 128, 128, False), (4096, 4096, 7, 128, 128, False),
     (8192, 4096, 7, 128, 128, False)])
 def test_select_config(m, n, cid, bm, bn, swap, monkeypatch):
+    """The tile for M and N, split K off (where the 128-row decode tile splits K it is kept instead of its
+    64-row twin: test_rows64_twins)."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
-    monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
+    monkeypatch.setenv(configs.ENV_SPLITS, "1")
     c = configs.select_config(m, n, 4096)
     assert (c.id, c.block_m, c.block_n, c.swap_ab) == (cid, bm, bn, swap)
     # a swapped tile must cover M in one column block
