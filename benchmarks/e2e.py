@@ -18,178 +18,145 @@ Per path and model:
   runs it (CUDA events, median of ``--reps``);
 - decode at each ``--batches`` size: greedy ``generate`` of ``--new-tokens`` tokens after a
   ``--prompt``-token prompt, eager (dynamic cache) and compiled static cache (``cache_implementation=
-  "static"``: transformers compiles the decode step, CUDA graphs). A streamer stamps every token
-  (benchmarks/e2e_decode.py): TTFT is the first token's time, the decode step the median interval
+  "static"``: transformers compiles the decode step, CUDA graphs; eager only at ``--eager-batches``). A
+  streamer stamps every token (benchmarks/common/generate_clock.py): TTFT is the first token's time, the decode step the median interval
   between tokens (garbage collection off), tokens/s = batch / step; the first decode step of each
   compiled call (it re-records the CUDA graph for the call's new static cache) is reported apart;
-- the compiled decode step split three ways: the decoder's linear layers (GEMM + activation
-  quantization: the same layers called in order at M = batch, replayed from one CUDA graph), the rest
-  of the compiled forward (attention, norms, rotary, embeddings, ``lm_head``: transformers' compiled
-  step replayed back to back with its last arguments, minus the linear layers), and ``generate``'s
-  loop around it (sampling, stopping checks, the per-token synchronization: step - forward); the host
-  time of one compiled forward call (guards, CUDA-graph replay) is printed beside it;
+- the compiled decode step split two ways: the decoder's linear layers (GEMM + activation
+  quantization: the same layers called in order at M = batch, replayed from one CUDA graph) and the
+  rest (the step minus them: attention, norms, rotary, embeddings, ``lm_head``, ``generate``'s sampling
+  and stopping checks, the host time of the compiled call); ``benchmarks/step_profile.py`` splits the
+  rest by GPU kernel;
 - weight memory (all parameters, and the decoder linears alone) and peak GPU memory (of the path's
   model: the BF16 linear layers kept aside while an FP8 path runs are left out);
 - the first 32 greedy tokens of each compiled run against eager's, per sequence of the batch, and
   where they diverge, by how much the logits of the two runs differ there (random weights give
   near-flat logits, so tokens flip at near-ties; BF16's own row says how often the model itself does).
 
-Writes a table and ``benchmarks/results/e2e-<UTC stamp>[-quick].json`` (rewritten after every path,
-so a run stopped by a time limit keeps what it measured).
+Writes a table and ``benchmarks/results/e2e-<UTC stamp>[-quick].json``, rewritten (atomically: staged,
+then renamed over it) after every measured cell, so a run stopped by a time limit keeps everything it
+measured before the cell it was in.
 
     python -m benchmarks.e2e                      # full depth, both models, every path
     python -m benchmarks.e2e --quick              # ~4 minutes on an H200: 2 layers of the 8B shape
     python -m benchmarks.e2e --models llama3-8b --presets fp8-dynamic --cublaslt fp8-dynamic --budget-s 500
     python -m benchmarks.e2e --models llama3-8b --presets fp8-tensor --cublaslt "" --fuse --no-fuse  # both rows
+    python -m benchmarks.e2e --models llama3-8b --presets fp8-tensor,fp8-channel --cublaslt "" --fuse --no-torchao \
+        --order batch --eager-batches 1,16 --budget-s 430   # b1 of every path, then b16, then b64
 
-A full-depth run compiles the decode step once per path and batch (tens of seconds each at 32
-layers); ``--budget-s`` skips what would not finish in time (the table and JSON say what was
-skipped), ``--skip-eager`` leaves out the eager decode, and runs split by ``--presets`` / ``--cublaslt``
-/ ``--no-torchao`` / ``--batches`` (BF16 is measured in every call, so each table carries its own
-baseline). docs/serving.md has the commands of a full-depth run in two calls.
+A full-depth run compiles the decode step once per path and batch (about 35 s each at 32 layers on an
+H200); ``--budget-s`` skips the compiled cells that would not finish in time (the table and JSON say
+what was skipped). Paths run in the order BF16, ``--presets`` in the order given (each on ours, then
+cuBLASLt; unfused, then fused), torchao; ``--order batch`` runs every path at the first batch size
+before any at the next, so a budget cuts the last batch sizes rather than the last paths.
+``--eager-batches`` (or ``--skip-eager``: none) limits the eager decode to some batch sizes, and runs
+split by ``--presets`` / ``--cublaslt`` / ``--no-torchao`` / ``--batches`` (BF16 is measured in every
+call, so each table carries its own baseline). docs/serving.md has the commands of a full-depth run.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
-import statistics
+import copy
+import os
+import pathlib
 import time
+from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from fp8_linear import FP8Linear, fuse_projections, settings, unfuse_projections
+from benchmarks.common.budget import Budget
+from benchmarks.common.cuda_clock import cuda_ms, is_cuda, linear_step_ms
+from benchmarks.common.fp8_swap import calibrate, decoder_linears, forced_backend, fp8_layers, swap_in, torchao_layers
+from benchmarks.common.generate_clock import reset_compiled, timed_generate
+from benchmarks.common.greedy_compare import COMPARED_TOKENS, FirstScores, compare_greedy, describe_greedy
+from benchmarks.common.random_model import MODELS, TINY, build_model, full_depth, prompt_ids
+from benchmarks.common.results import RESULTS_DIR, environment, write_json
+from benchmarks.common.weight_memory import weight_bytes
+from fp8_linear import FP8Linear, fuse_projections, unfuse_projections
 from fp8_linear.fusion import launched_layers
 
-try:
-    from benchmarks.e2e_decode import COMPARED_TOKENS, FirstScores, compare_greedy, describe_greedy, timed_generate
-except ImportError:  # run as a script from benchmarks/
-    from e2e_decode import COMPARED_TOKENS, FirstScores, compare_greedy, describe_greedy, timed_generate  # type: ignore
-
-#: Config fields of the two model shapes (public config.json values).
-MODELS = {
-    "llama3-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-                      num_key_value_heads=8, num_hidden_layers=32, vocab_size=128256, rope_theta=500000.0,
-                      max_position_embeddings=8192, rms_norm_eps=1e-5),
-    "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_attention_heads=28,
-                       num_key_value_heads=4, num_hidden_layers=28, vocab_size=152064, rope_theta=1000000.0,
-                       max_position_embeddings=32768, rms_norm_eps=1e-6),
-}
 PRESETS = ("fp8-tensor", "fp8-channel", "fp8-dynamic", "fp8-block")
 QUICK = dict(models="llama3-8b", layers=2, presets="fp8-tensor,fp8-dynamic", cublaslt="fp8-dynamic",
              batches="1,16", new_tokens=64, reps=3)
-#: ``--tiny``: a small model of the same architecture, to check the script itself (also on a CPU).
-TINY = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=1024, num_hidden_layers=2)
-DEVICE = "cuda"
+#: ``--order``: each path at every batch size in turn, or every path at one batch size before the next.
+ORDERS = ("path", "batch")
+#: Sub-folder of the results folder where a JSON is written before it is renamed over the last one.
+STAGING = ".staging"
 
 
-# ------------------------------------------------------------------------------------------- models
-def build_model(name: str, layers: int | None, tiny: bool = False):
-    """A BF16 ``*ForCausalLM`` of the named shape with random weights on :data:`DEVICE`."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+# ------------------------------------------------------------------------------------------- paths
+@dataclass(frozen=True)
+class PathSpec:
+    """One row of the table: ``kind`` ``bf16``, ``fp8`` (``preset`` on ``backend``, ``None``: the
+    default choice; q/k/v and gate/up fused with ``fused``) or ``torchao``."""
 
-    fields = dict(MODELS[name], **(TINY if tiny else {}))
-    cfg = AutoConfig.for_model(fields.pop("model_type"), **fields)
-    if layers:
-        cfg.num_hidden_layers = layers
-    torch.manual_seed(0)
-    with torch.device(DEVICE):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    model.generation_config.pad_token_id = 0
-    model.generation_config.eos_token_id = None
-    return model
+    label: str
+    kind: str
+    preset: str | None = None
+    backend: str | None = None
+    fused: bool = False
 
 
-def decoder_linears(model) -> dict[str, nn.Module]:
-    """The decoder's linear layers (``nn.Linear`` or ``FP8Linear``), ``lm_head`` excluded, in order."""
-    return {n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, FP8Linear)) and "lm_head" not in n}
+def plan_paths(presets: list[str], on_ours: list[str], on_cublaslt: list[str], fusions: list[bool],
+               torchao: bool) -> list[PathSpec]:
+    """The rows of one model in run order: BF16, each preset in the order given (on ours, then cuBLASLt;
+    each unfused, then fused, as ``fusions`` lists them), then torchao float8 if asked."""
+    paths = [PathSpec("bf16", "bf16")]
+    for preset in presets:
+        for backend in ([None] if preset in on_ours else []) + (["cublaslt"] if preset in on_cublaslt else []):
+            for fused in fusions:
+                label = f"{preset} {backend or 'ours'}" + (" fused" if fused else "")
+                paths.append(PathSpec(label, "fp8", preset, backend, fused))
+    if torchao:
+        paths.append(PathSpec("torchao float8 rowwise", "torchao"))
+    return paths
 
 
-def calibrate(model, tokens: int = 512) -> dict[str, float]:
-    """Input amax of each decoder linear over one forward of random tokens (static presets)."""
-    amax: dict[str, float] = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, a, n=n: amax.__setitem__(n, max(amax.get(n, 0.0), float(a[0].abs().amax()))))
-             for n, m in decoder_linears(model).items()]
-    with torch.inference_mode():
-        model(torch.randint(0, model.config.vocab_size, (1, tokens), device=DEVICE))
-    for h in hooks:
-        h.remove()
-    return amax
+class PathUnavailable(Exception):
+    """A path that cannot run here (torchao not importable): a note instead of a row."""
 
 
-def swap_in(model, modules: dict[str, nn.Module]) -> None:
-    for name, mod in modules.items():
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, mod)
+@contextlib.contextmanager
+def path_layers(model, path: PathSpec, bf16: dict, amax: dict[str, float]):
+    """``model`` with ``path``'s decoder linears swapped in for the block, the BF16 ones (``bf16``) back
+    after it; yields ``(held_bytes, info)``: GPU bytes held outside the model (the BF16 layers kept
+    aside) and facts for the row (the fusion report)."""
+    if path.kind == "bf16":
+        try:
+            yield 0, {}
+        finally:
+            reset_compiled(model)
+        return
+    with forced_backend(path.backend) if path.kind == "fp8" else contextlib.nullcontext():
+        try:
+            info = {}
+            if path.kind == "fp8":
+                swap_in(model, fp8_layers(bf16, path.preset, amax))
+                if path.fused:
+                    report = fuse_projections(model)
+                    info["fusion"] = dict(groups=len(report.fused), skipped=[f"{s.parent}: {s.reason}" for s in report.skipped])
+            else:  # torchao quantizes in place: copies of the BF16 layers, so the originals serve the next path
+                swap_in(model, {n: copy.deepcopy(m) for n, m in bf16.items()})
+                why = torchao_layers(model)
+                if why is not None:
+                    raise PathUnavailable(why)
+            yield weight_bytes(bf16.values()), info
+        finally:
+            unfuse_projections(model)  # the parents' hooks go with it
+            swap_in(model, bf16)
+            reset_compiled(model)
 
 
-def fp8_layers(bf16: dict[str, nn.Linear], preset: str, amax: dict[str, float]) -> dict[str, FP8Linear]:
-    return {n: FP8Linear.from_linear(lin, preset, input_amax=amax[n]) for n, lin in bf16.items()}
-
-
-def tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes held by ``t``; a tensor subclass (torchao's float8 weights) by its inner tensors."""
-    if type(t) not in (torch.Tensor, nn.Parameter) and hasattr(t, "__tensor_flatten__"):
-        names, _ = t.__tensor_flatten__()
-        return sum(tensor_bytes(getattr(t, n)) for n in names)
-    return t.numel() * t.element_size()
-
-
-def weight_bytes(modules) -> int:
-    return sum(tensor_bytes(t) for m in modules for t in [*m.parameters(), *m.buffers()])
-
-
-# ------------------------------------------------------------------------------------------- timing
-def _cuda() -> bool:
-    return torch.device(DEVICE).type == "cuda"
-
-
-def sync() -> None:
-    if _cuda():
-        torch.cuda.synchronize()
-
-
-def cuda_ms(fn, reps: int) -> float:
-    """Median ms of ``fn()`` over ``reps`` runs after one warm-up (CUDA events; wall time off CUDA)."""
-    fn()
-    times = []
-    for _ in range(reps):
-        if not _cuda():
-            times.append(wall_s(fn) * 1e3)
-            continue
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
-
-
-def wall_s(fn) -> float:
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - t0
-
-
-def prompt_ids(vocab: int, batch: int, prompt: int) -> torch.Tensor:
-    """The same random prompt for every path and mode of one batch size."""
-    g = torch.Generator().manual_seed(batch * 7919 + prompt)
-    return torch.randint(0, vocab, (batch, prompt), generator=g).to(DEVICE)
-
-
+# ------------------------------------------------------------------------------------------- cells
 def decode_cell(model, ids: torch.Tensor, new: int, compiled: bool, reps: int) -> tuple[dict, torch.Tensor, list]:
     """Timings of greedy ``generate`` of ``new`` tokens on ``ids`` (eager dynamic cache, or compiled static
     cache), plus the first :data:`COMPARED_TOKENS` tokens and their logits (for :func:`compare_greedy`).
 
     Compiled: the first call compiles and captures (its duration is ``compile_s``) and records the logits;
     then ``reps`` timed calls (the fastest kept) and the replayed forward. Eager: a short first call
-    records the logits, then the timed calls.
+    records the logits, then the timed calls. ``reps = 0``: only the tokens (an empty timing dict).
     """
     kw = dict(cache_implementation="static") if compiled else dict(disable_compile=True)
     first = FirstScores(min(COMPARED_TOKENS, new))
@@ -206,157 +173,81 @@ def decode_cell(model, ids: torch.Tensor, new: int, compiled: bool, reps: int) -
     return cell, tokens[:, :first.n], first.scores
 
 
-def linear_step_ms(modules: list[nn.Module], batch: int) -> float:
-    """GPU ms of calling ``modules`` in order at ``M = batch`` (one decode step's linear layers), replayed
-    from one CUDA graph: each layer's GEMM and activation quantization, nothing else."""
-    xs = [torch.randn(batch, m.in_features, device=DEVICE, dtype=torch.bfloat16) for m in modules]
-
-    def step():
-        for m, x in zip(modules, xs):
-            m(x)
-
-    if not _cuda():
-        with torch.inference_mode():
-            return cuda_ms(step, 3)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.inference_mode(), torch.cuda.stream(side):
-        step()
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.inference_mode(), torch.cuda.graph(graph):
-        step()
-    return cuda_ms(graph.replay, 10)
+def error_text(e: BaseException, width: int = 200) -> str:
+    """``Type: first line of the message`` (cut at ``width`` characters), for a cell or row that failed."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:width] if str(e) else ''}"
 
 
-# ------------------------------------------------------------------------------------------- paths
-@contextlib.contextmanager
-def forced_backend(name: str | None):
-    """``FP8_LINEAR_BACKEND=name`` for the block (``None``: the default choice), settings re-read."""
-    import os
-
-    old = os.environ.get(settings.BACKEND_ENV)
-    if name:
-        os.environ[settings.BACKEND_ENV] = name
-    else:
-        os.environ.pop(settings.BACKEND_ENV, None)
-    settings.reload()
+def measure_batch(model, batch: int, args, clock: Budget | None, eager: bool, calls: list, device) -> dict:
+    """The decode cell of one batch size: eager (if ``eager``) and compiled ``generate``, the greedy
+    comparison of the two, and the compiled step's split into the linear layers (``calls``: the GEMMs a
+    forward launches) and the rest. A compiled cell ``clock`` does not allow is recorded as skipped."""
+    cell, greedy = {}, {}
+    ids = prompt_ids(model.config.vocab_size, batch, args.prompt, device)
+    for mode, compiled in (("eager", False), ("compiled", True)):
+        if mode == "eager" and not eager:
+            continue
+        if compiled and clock is not None and not clock.allows_compile():
+            cell[mode] = dict(error=f"skipped: {clock.why()}")
+            continue
+        reset_compiled(model)
+        try:
+            cell[mode], *greedy[mode] = decode_cell(model, ids, args.new_tokens, compiled, max(1, args.reps))
+            if compiled and clock is not None:
+                clock.compiled(cell[mode].get("compile_s", 0.0))
+        except Exception as e:  # noqa: BLE001 - a path that cannot run is reported, not fatal
+            cell[mode] = dict(error=error_text(e))
+    if "eager" not in greedy and "compiled" in greedy:
+        # no eager cell at this batch: the eager reference tokens still come from a short eager run
+        with contextlib.suppress(Exception):
+            _, *greedy["eager"] = decode_cell(model, ids, min(COMPARED_TOKENS, args.new_tokens), False, 0)
+    cmp = compare_greedy(*greedy["eager"], *greedy["compiled"]) if len(greedy) == 2 else None
+    cell["greedy"] = cmp
+    # rows (sequences of the batch) whose first COMPARED_TOKENS greedy tokens agree, compiled vs eager
+    cell["same_tokens_rows"] = cmp["rows"] if cmp else None
     try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(settings.BACKEND_ENV, None)
-        else:
-            os.environ[settings.BACKEND_ENV] = old
-        settings.reload()
+        lin_ms = linear_step_ms(calls, batch, device)
+    except Exception as e:  # noqa: BLE001 - e.g. layers that cannot be captured in a CUDA graph
+        lin_ms, cell["linear_error"] = None, error_text(e)
+    step = cell.get("compiled", {}).get("step_ms")
+    cell["linear_ms"] = lin_ms
+    cell["rest_ms"] = None if step is None or lin_ms is None else step - lin_ms
+    return cell
 
 
-def reset_compiled(model) -> None:
-    """Forget compiled code (dynamo's caches and transformers' compiled decode step) and free memory."""
-    torch._dynamo.reset()
-    if model is not None:
-        for attr in ("_compiled_call", "_last_compile_config"):
-            model.__dict__.pop(attr, None)
-    gc.collect()
-    if _cuda():
-        torch.cuda.empty_cache()
-
-
-def run_path(model, label: str, args, batches: list[int], clock=None, kind: str = "bf16", held_bytes: int = 0) -> dict:
-    """Every measurement of one path on ``model`` as it is now (its linear layers already swapped in).
-    ``clock`` (a :class:`Budget`) skips the compiled cells that would not finish in time; ``kind`` names
-    the linear layers when they are not ``FP8Linear`` (``bf16``, ``torchao``); ``held_bytes``: GPU memory
-    held outside the model (the BF16 linear layers kept for the next path), left out of the peak."""
+def path_facts(model, label: str, kind: str, args, device) -> dict:
+    """The row's batch-independent facts: backends, weight memory, linear calls a forward launches, and
+    prefill tokens/s (one ``[1, --prefill]`` forward with ``logits_to_keep=1``, median of ``--reps``)."""
     lin = list(decoder_linears(model).values())
     backends = sorted({m.backend for m in lin if isinstance(m, FP8Linear)}) or [kind]
-    calls = launched_layers(lin)  # fused groups (--fuse) as the one GEMM each that a forward launches
     row = dict(path=label, backends=backends, weight_gb=weight_bytes([model]) / 1e9,
-               linear_weight_gb=weight_bytes(lin) / 1e9, linear_calls=len(calls))
-    if _cuda():
-        torch.cuda.reset_peak_memory_stats()
-    ids = torch.randint(0, model.config.vocab_size, (1, args.prefill), device=DEVICE)
+               linear_weight_gb=weight_bytes(lin) / 1e9, linear_calls=len(launched_layers(lin)), decode={})
+    ids = torch.randint(0, model.config.vocab_size, (1, args.prefill), device=device)
     with torch.inference_mode():
-        row["prefill_tok_s"] = args.prefill / cuda_ms(lambda: model(ids, logits_to_keep=1), args.reps) * 1e3
-    row["decode"] = {}
-    for b in batches:
-        cell, greedy = {}, {}
-        ids = prompt_ids(model.config.vocab_size, b, args.prompt)
-        for mode, compiled in (("eager", False), ("compiled", True)):
-            if mode == "eager" and args.skip_eager:
-                continue
-            if compiled and clock is not None and not clock.allows_compile():
-                cell[mode] = dict(error=f"skipped: {clock.why()}")
-                continue
-            reset_compiled(model)
-            try:
-                cell[mode], *greedy[mode] = decode_cell(model, ids, args.new_tokens, compiled, max(1, args.reps))
-                if compiled and clock is not None:
-                    clock.compiled(cell[mode].get("compile_s", 0.0))
-            except Exception as e:  # noqa: BLE001 - a path that cannot run is reported, not fatal
-                cell[mode] = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
-        if "eager" not in greedy and "compiled" in greedy:
-            # --skip-eager: the eager reference tokens still come from a short eager run
-            with contextlib.suppress(Exception):
-                _, *greedy["eager"] = decode_cell(model, ids, min(COMPARED_TOKENS, args.new_tokens), False, 0)
-        cmp = compare_greedy(*greedy["eager"], *greedy["compiled"]) if len(greedy) == 2 else None
-        cell["greedy"] = cmp
-        # rows (sequences of the batch) whose first COMPARED_TOKENS greedy tokens agree, compiled vs eager
-        cell["same_tokens_rows"] = cmp["rows"] if cmp else None
-        try:
-            lin_ms = linear_step_ms(calls, b)
-        except Exception as e:  # noqa: BLE001 - e.g. layers that cannot be captured in a CUDA graph
-            lin_ms, cell["linear_error"] = None, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-        comp = cell.get("compiled", {})
-        step = comp.get("step_ms")
-        cell["linear_ms"] = lin_ms
-        cell["rest_ms"] = None if step is None or lin_ms is None else step - lin_ms
-        row["decode"][str(b)] = cell
-        print(f"  {label} batch {b}: {fmt_cell(cell)}", flush=True)
-    row["peak_gb"] = (torch.cuda.max_memory_allocated() - held_bytes) / 1e9 if _cuda() else float("nan")
-    reset_compiled(model)
+        row["prefill_tok_s"] = args.prefill / cuda_ms(lambda: model(ids, logits_to_keep=1), max(1, args.reps), device) * 1e3
     return row
 
 
-class Budget:
-    """Wall-clock budget of a run: a compiled cell starts only if the slowest compile seen so far (or
-    :attr:`first_guess_s` before any) still fits, with :attr:`reserve_s` left for the rest."""
-
-    def __init__(self, seconds: float | None, first_guess_s: float, reserve_s: float = 30.0):
-        self.seconds, self.first_guess_s, self.reserve_s = seconds, first_guess_s, reserve_s
-        self.t0 = time.perf_counter()
-        self.slowest = 0.0
-
-    def left(self) -> float:
-        return float("inf") if self.seconds is None else self.seconds - (time.perf_counter() - self.t0)
-
-    def allows_compile(self) -> bool:
-        return self.left() > (self.slowest or self.first_guess_s) + self.reserve_s
-
-    def compiled(self, seconds: float) -> None:
-        self.slowest = max(self.slowest, seconds)
-
-    def why(self) -> str:
-        return f"--budget-s {self.seconds:.0f}: {max(self.left(), 0):.0f} s left, a compile took up to {self.slowest or self.first_guess_s:.0f} s"
-
-
-def torchao_layers(model):
-    """Quantize ``model``'s decoder linears with torchao float8 (dynamic per-row), or return the reason it cannot."""
-    try:
-        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
-    except Exception as e:  # noqa: BLE001 - torchao absent or too old
-        return (f"torchao not importable ({type(e).__name__}: {e}); install the wheel first: "
-                f"pip install --no-deps .whl/torchao-*.whl")
-    try:
-        quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
-                  filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and "lm_head" not in fqn)
-    except Exception as e:  # noqa: BLE001 - e.g. no FP8 GPU
-        return f"torchao float8 could not quantize the model ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
-    return None
+def run_phase(model, label: str, row: dict, batches: list[int], args, clock, device, held_bytes: int,
+              checkpoint) -> None:
+    """Measure the path ``label`` (its layers swapped in) at ``batches``: each cell goes into
+    ``row["decode"]`` and ``checkpoint()`` saves it at once; then the peak GPU memory since the last
+    ``reset_peak_memory_stats`` less ``held_bytes`` (memory outside the model), the largest over phases."""
+    calls = launched_layers(list(decoder_linears(model).values()))  # fused groups as the one GEMM each a forward launches
+    for b in batches:
+        row["decode"][str(b)] = cell = measure_batch(model, b, args, clock, b in args.eager_batches, calls, device)
+        checkpoint()  # before the line: a printed cell is on disk
+        print(f"  {label} batch {b}: {fmt_cell(cell)}", flush=True)
+    if is_cuda(device):
+        peak = (torch.cuda.max_memory_allocated(device) - held_bytes) / 1e9
+        row["peak_gb"] = max(peak, row.get("peak_gb") or 0.0)
+    else:
+        row["peak_gb"] = float("nan")
 
 
 # ------------------------------------------------------------------------------------------- report
 def fmt_cell(cell: dict) -> str:
+    """One line of a decode cell: tok/s, step, TTFT (and compile) per mode, the step's split, the greedy check."""
     parts = []
     for mode in ("eager", "compiled"):
         c = cell.get(mode)
@@ -369,15 +260,16 @@ def fmt_cell(cell: dict) -> str:
             parts.append(f"{mode} {c.get('error', '-')}")
     comp = cell.get("compiled", {})
     if cell.get("rest_ms") is not None:
-        text = f"step {comp['step_ms']:.2f} ms = linear {cell['linear_ms']:.2f} + rest {cell['rest_ms']:.2f}"
-        parts.append(text)
+        parts.append(f"step {comp['step_ms']:.2f} ms = linear {cell['linear_ms']:.2f} + rest {cell['rest_ms']:.2f}")
     parts.append(describe_greedy(cell.get("greedy")))
     return "; ".join(parts)
 
 
-def print_table(model_name: str, layers: int, rows: list[dict], batches: list[int]) -> None:
+def print_table(model_name: str, layers: int, prefill: int, rows: list[dict], batches: list[int]) -> None:
+    """The table of one model: per row prefill and, per batch, eager / compiled tok/s with x BF16 (the
+    first row), the compiled step's linear ms (x BF16's) and rest ms, greedy rows identical; memory."""
     base = rows[0]
-    print(f"\n{model_name}-shaped, {layers} decoder layers, random weights; prefill of {base.get('prefill')} tokens;"
+    print(f"\n{model_name}-shaped, {layers} decoder layers, random weights; prefill of {prefill} tokens;"
           f" decode after a prompt: tok/s and x BF16 per batch (eager, compiled static cache); the compiled step split"
           f" into the linear layers (ms, BF16's / ours), and the rest of the step (ms);"
           f" greedy: rows whose first {COMPARED_TOKENS} tokens compiled == eager")
@@ -389,7 +281,7 @@ def print_table(model_name: str, layers: int, rows: list[dict], batches: list[in
         return f"{a / b_:>5.2f}" if a and b_ else f"{'-':>5}"
 
     def num(v, width=6, prec=2):
-        return f"{v:>{width}.{prec}f}" if isinstance(v, (int, float)) else f"{'-':>{width}}"
+        return f"{v:>{width}.{prec}f}" if isinstance(v, (int, float)) and v == v else f"{'-':>{width}}"
 
     head = f"{'path':<22} {'backend':<10} {'prefill tok/s':>13} {'x':>5}"
     for b in batches:
@@ -399,39 +291,49 @@ def print_table(model_name: str, layers: int, rows: list[dict], batches: list[in
         if "error" in r:
             print(f"{r['path']:<22} {r['error']}")
             continue
-        line = f"{r['path']:<22} {','.join(r['backends']):<10} {r['prefill_tok_s']:>13.0f} {r['prefill_tok_s'] / base['prefill_tok_s']:>5.2f}"
+        line = (f"{r['path']:<22} {','.join(r['backends']):<10} {num(r.get('prefill_tok_s'), 13, 0)}"
+                f" {ratio(r.get('prefill_tok_s'), base.get('prefill_tok_s'))}")
         for b in batches:
-            c, c0 = r["decode"][str(b)], base["decode"][str(b)]
+            c, c0 = r["decode"].get(str(b), {}), base.get("decode", {}).get(str(b), {})
             e, ce = tps(c, "eager"), tps(c, "compiled")
-            line += (f" | {e or 0:>8.0f} {ratio(e, tps(c0, 'eager'))} {ce or 0:>8.0f} {ratio(ce, tps(c0, 'compiled'))}"
+            line += (f" | {num(e, 8, 0)} {ratio(e, tps(c0, 'eager'))} {num(ce, 8, 0)} {ratio(ce, tps(c0, 'compiled'))}"
                      f" {num(c.get('linear_ms'))} {ratio(c0.get('linear_ms'), c.get('linear_ms'))} {num(c.get('rest_ms'), 9)}"
                      f"  {c.get('same_tokens_rows') or '-':>6}")
-        print(line + f" | {r['weight_gb']:>6.2f} ({r['linear_weight_gb']:.2f}) {num(r['peak_gb'], 8, 1)}")
+        print(line + f" | {r['weight_gb']:>6.2f} ({r['linear_weight_gb']:.2f}) {num(r.get('peak_gb'), 8, 1)}")
 
 
-def save(results: dict, notes: list[str], args, previous=None):
-    """Write the JSON of everything measured so far (replacing the file ``previous`` of an earlier call)."""
-    try:
-        from benchmarks.common.results import environment, write_json
-    except ImportError:  # run as a script: no results writer, print only
-        return None
-    path = write_json("e2e", environment({"args": vars(args), "notes": notes}),
-                      {m: {r["path"]: r.get("decode") for r in v["rows"]} for m, v in results.items()},
-                      [dict(model=m, **r) for m, v in results.items() for r in v["rows"]], args.out,
-                      "quick" if args.quick else "")
-    if previous is not None and previous != path:
-        previous.unlink(missing_ok=True)
-    return path
+def save(results: dict, notes: list[str], args, previous: pathlib.Path | None = None) -> pathlib.Path:
+    """Write the JSON of everything measured so far: staged in ``<out>/.staging`` and renamed over
+    ``previous`` (the file of the first call, whose name it keeps), so the file on disk is always whole."""
+    out = pathlib.Path(args.out) if args.out else RESULTS_DIR
+    staged = write_json("e2e", environment({"args": vars(args), "notes": notes}),
+                        {m: {r["path"]: r.get("decode") for r in v["rows"]} for m, v in results.items()},
+                        [dict(model=m, **r) for m, v in results.items() for r in v["rows"]], out / STAGING,
+                        "quick" if args.quick else "")
+    final = previous if previous is not None else out / staged.name
+    os.replace(staged, final)
+    with contextlib.suppress(OSError):
+        staged.parent.rmdir()
+    return final
 
 
-def main(argv=None) -> int:
+# ------------------------------------------------------------------------------------------- main
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line (``--quick`` applied), with ``batches`` and ``eager_batches`` as lists of ints;
+    ``SystemExit`` (argparse's error) for an eager batch size that is not in ``--batches``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's full depth)")
-    ap.add_argument("--presets", default=",".join(PRESETS))
+    ap.add_argument("--presets", default=",".join(PRESETS), help="FP8 presets, run in this order")
     ap.add_argument("--ours", default=None, help="presets run on the default backend (default: every preset)")
     ap.add_argument("--cublaslt", default=None, help="presets also run on cuBLASLt (default: every preset)")
     ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--eager-batches", default=None,
+                    help="batch sizes with an eager decode cell (default: every one of --batches; '' none)")
+    ap.add_argument("--order", choices=ORDERS, default="path",
+                    help="path (default): each path at every batch size, then the next path; batch: every path at "
+                         "the first batch size, then every path at the next (a --budget-s run then loses the last "
+                         "batch sizes, not the last paths)")
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -441,7 +343,8 @@ def main(argv=None) -> int:
                     help="FP8 paths with fused q/k/v and gate/up GEMMs (fp8_linear.fuse_projections): rows '<preset> <backend> fused'")
     ap.add_argument("--no-fuse", action="store_true",
                     help="FP8 paths unfused (the default without --fuse); give both flags for both rows of each path")
-    ap.add_argument("--skip-eager", action="store_true", help="leave out the eager decode (its 32 reference tokens still run)")
+    ap.add_argument("--skip-eager", action="store_true",
+                    help="no eager decode cell at any batch size (--eager-batches ''); the 32 eager reference tokens still run")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="wall-clock budget: compiled cells that would not finish in time are skipped (and listed)")
     ap.add_argument("--compile-guess-s", type=float, default=60.0,
@@ -454,58 +357,83 @@ def main(argv=None) -> int:
     if args.quick:
         for k, v in QUICK.items():
             setattr(args, k, v)
-    global DEVICE
-    DEVICE = args.device
-    if _cuda() and not torch.cuda.is_available():
+
+    def sizes(text: str, flag: str) -> list[int]:
+        try:
+            out = [int(b) for b in str(text).split(",") if b.strip()]
+        except ValueError:
+            ap.error(f"{flag} {text!r}: expected comma-separated batch sizes")
+        if any(b < 1 for b in out):
+            ap.error(f"{flag} {text!r}: batch sizes must be >= 1")
+        return out
+
+    args.batches = sizes(args.batches, "--batches")
+    if not args.batches:
+        ap.error("--batches: expected at least one batch size")
+    if args.skip_eager and args.eager_batches not in (None, ""):
+        ap.error("--skip-eager and --eager-batches: give one of them")
+    eager = [] if args.skip_eager else (args.batches if args.eager_batches is None else sizes(args.eager_batches, "--eager-batches"))
+    if set(eager) - set(args.batches):
+        ap.error(f"--eager-batches {sorted(set(eager) - set(args.batches))} not in --batches {args.batches}")
+    args.eager_batches = eager
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = args.device
+    if is_cuda(device) and not torch.cuda.is_available():
         raise SystemExit("benchmarks/e2e.py needs a CUDA GPU (or --tiny --device cpu)")
-    batches = [int(b) for b in str(args.batches).split(",")]
     presets = [p for p in args.presets.split(",") if p]
     on_cublaslt = presets if args.cublaslt is None else [p for p in args.cublaslt.split(",") if p]
     on_ours = presets if args.ours is None else [p for p in args.ours.split(",") if p]
     fusions = ([False] if args.no_fuse or not args.fuse else []) + ([True] if args.fuse else [])
-    notes, results, path = [], {}, None
+    paths = plan_paths(presets, on_ours, on_cublaslt, fusions, not args.no_torchao)
+    phases = [args.batches] if args.order == "path" else [[b] for b in args.batches]
+    notes, results, saved = [], {}, None
     clock = Budget(args.budget_s, args.compile_guess_s)
+
+    def checkpoint():
+        nonlocal saved
+        saved = save(results, notes, args, saved)
+
     for name in args.models.split(","):
-        model = build_model(name, args.layers, args.tiny)
+        model = build_model(name, args.layers, device, args.tiny)
         layers = model.config.num_hidden_layers
-        full = (TINY if args.tiny else MODELS[name])["num_hidden_layers"]
-        if layers != full:
-            notes.append(f"{name}: {layers} of {full} decoder layers (--layers)")
+        if layers != full_depth(name, args.tiny):
+            notes.append(f"{name}: {layers} of {full_depth(name, args.tiny)} decoder layers (--layers)")
         bf16 = dict(decoder_linears(model))
         amax = calibrate(model)
-        rows = [dict(run_path(model, "bf16", args, batches, clock), prefill=args.prefill)]
-        results[name] = dict(layers=layers, rows=rows)
-        path = save(results, notes, args, path)
-        for preset in presets:
-            for backend, fused in [(bk, fu) for bk in ([None] if preset in on_ours else []) + (["cublaslt"] if preset in on_cublaslt else [])
-                                   for fu in fusions]:
-                label = f"{preset} {'cublaslt' if backend else 'ours'}" + (" fused" if fused else "")
+        results[name] = dict(layers=layers, rows=[])
+        rows: dict[str, dict] = {}  # label -> row (also in results[name]["rows"] once it has been measured)
+        for batches in phases:
+            for path in paths:
+                row = rows.get(path.label)
+                if row is not None and ("error" in row or "phase_error" in row):
+                    continue  # it failed in an earlier phase
                 try:
-                    with forced_backend(backend):
-                        swap_in(model, fp8_layers(bf16, preset, amax))
-                        report = fuse_projections(model) if fused else None
-                        row = run_path(model, label, args, batches, clock, held_bytes=weight_bytes(bf16.values()))
-                        if report is not None:
-                            row["fusion"] = dict(groups=len(report.fused), skipped=[f"{s.parent}: {s.reason}" for s in report.skipped])
-                        rows.append(row)
+                    with path_layers(model, path, bf16, amax) as (held, info):
+                        if is_cuda(device):
+                            torch.cuda.reset_peak_memory_stats(device)
+                        if row is None:
+                            row = rows[path.label] = dict(path_facts(model, path.label, path.kind, args, device), **info)
+                            results[name]["rows"].append(row)
+                            checkpoint()
+                        run_phase(model, path.label, row, batches, args, clock, device, held, checkpoint)
+                except PathUnavailable as e:  # a note, not a row
+                    rows[path.label] = dict(path=path.label, error=str(e))
+                    if f"torchao column skipped: {e}" not in notes:
+                        notes.append(f"torchao column skipped: {e}")
                 except Exception as e:  # noqa: BLE001 - e.g. a forced backend that cannot run a preset
-                    rows.append(dict(path=label, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"))
-                unfuse_projections(model)  # the parents' hooks go with it
-                swap_in(model, bf16)
-                reset_compiled(model)
-                path = save(results, notes, args, path)
-        if not args.no_torchao:
-            why = torchao_layers(model)
-            if why is None:
-                try:
-                    rows.append(run_path(model, "torchao float8 rowwise", args, batches, clock, kind="torchao"))
-                except Exception as e:  # noqa: BLE001 - reported as the row, the run goes on
-                    rows.append(dict(path="torchao float8 rowwise", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
-            elif f"torchao column skipped: {why}" not in notes:
-                notes.append(f"torchao column skipped: {why}")
-            path = save(results, notes, args, path)
-        print_table(name, layers, rows, batches)
-        for r in rows:
+                    if row is None:
+                        rows[path.label] = row = dict(path=path.label, error=error_text(e, 300))
+                        results[name]["rows"].append(row)
+                    else:
+                        row["phase_error"] = f"batches {batches}: {error_text(e, 300)}"
+                checkpoint()
+        shown = results[name]["rows"]
+        print_table(name, layers, args.prefill, shown, args.batches)
+        for r in shown:
             for b, cell in (r.get("decode") or {}).items():
                 print(f"  greedy, {r['path']}, batch {b}: {describe_greedy(cell.get('greedy'))}")
         del model, bf16
@@ -513,9 +441,8 @@ def main(argv=None) -> int:
     for n in notes:
         print("note:", n)
     print(f"total {time.perf_counter() - clock.t0:.0f} s")
-    path = save(results, notes, args, path)
-    if path is not None:
-        print(f"wrote {path}")
+    checkpoint()
+    print(f"wrote {saved}")
     return 0
 
 

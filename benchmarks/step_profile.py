@@ -1,8 +1,8 @@
 """Where a compiled decode step's GPU time goes: BF16 against FP8, kernel by kernel.
 
 ``python -m benchmarks.step_profile`` builds the Llama-3-8B-shaped model of ``benchmarks/e2e.py``
-(random weights, full depth unless ``--layers``), runs transformers' compiled static-cache ``generate``
-once per path and batch (compile and CUDA-graph capture), then profiles two more calls, of
+(``benchmarks/common/random_model.py``: random weights, full depth unless ``--layers``), runs
+transformers' compiled static-cache ``generate`` once per path and batch (compile and CUDA-graph capture), then profiles two more calls, of
 ``--new-tokens`` and of ``--new-tokens + --extra-tokens`` tokens, under ``torch.profiler``; their
 difference divided by ``--extra-tokens`` is one steady decode step (prefill, the first step's graph
 recording and per-call costs cancel). Every GPU kernel is sorted into a category (our FP8 GEMM,
@@ -23,10 +23,10 @@ import time
 
 import torch
 
+from benchmarks.common.fp8_swap import calibrate, decoder_linears, fp8_layers, swap_in
+from benchmarks.common.generate_clock import reset_compiled, timed_generate
+from benchmarks.common.random_model import MODELS, build_model, prompt_ids
 from benchmarks.common.results import environment, write_json
-from benchmarks.e2e import (build_model, calibrate, decoder_linears, fp8_layers, prompt_ids, reset_compiled,
-                            swap_in)
-from benchmarks.e2e_decode import timed_generate
 
 #: Kernel categories, first match wins (regular expressions on the kernel name).
 CATEGORIES = (
@@ -41,6 +41,7 @@ CATEGORIES = (
 
 
 def category(name: str) -> str:
+    """The :data:`CATEGORIES` label of a GPU kernel's name (the first pattern that matches), else ``other``."""
     for label, pattern in CATEGORIES:
         if re.search(pattern, name):
             return label
@@ -122,7 +123,7 @@ def per_step(short: dict, long: dict, steps: int) -> dict:
 def profile_decode(model, batch: int, prompt: int, new: int, extra: int) -> dict:
     """Per-step figures of compiled static-cache decode at ``batch``: ``generate`` of ``new`` and of
     ``new + extra`` tokens, each profiled, after a warm-up call that compiles and captures."""
-    ids = prompt_ids(model.config.vocab_size, batch, prompt)
+    ids = prompt_ids(model.config.vocab_size, batch, prompt, "cuda")
     with torch.inference_mode():
         timed_generate(model, ids, new + extra, dict(cache_implementation="static"))
     short = profile_generate(model, ids, new, new + extra)
@@ -131,6 +132,7 @@ def profile_decode(model, batch: int, prompt: int, new: int, extra: int) -> dict
 
 
 def print_cell(label: str, batch: int, r: dict) -> None:
+    """Print one :func:`per_step` result: span = busy + idle, host wall, then the categories by GPU time."""
     print(f"\n{label}, batch {batch}: per decode step, GPU span {r['span_us']:.0f} us = busy {r['busy_us']:.0f} "
           f"+ idle {r['idle_us']:.0f}; host wall {r['wall_us']:.0f} us")
     for k, v in sorted(r["categories"].items(), key=lambda kv: -kv[1]["us"]):
@@ -139,7 +141,7 @@ def print_cell(label: str, batch: int, r: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="llama3-8b", help="model shape (benchmarks/e2e.py MODELS; default %(default)s)")
+    ap.add_argument("--model", default="llama3-8b", choices=sorted(MODELS), help="model shape (default %(default)s)")
     ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's full depth)")
     ap.add_argument("--presets", default="fp8-tensor", help="FP8 presets profiled after BF16 (default %(default)s)")
     ap.add_argument("--batches", default="1,16", help="decode batch sizes (default %(default)s)")
@@ -152,7 +154,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("step_profile: needs a CUDA GPU")
     batches = [int(b) for b in args.batches.split(",")]
-    model = build_model(args.model, args.layers)
+    model = build_model(args.model, args.layers, "cuda")
     bf16 = decoder_linears(model)
     amax = calibrate(model)
     results = {}

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from benchmarks import e2e
+from benchmarks.common.random_model import TINY
 
 
 @pytest.mark.slow
@@ -20,7 +21,7 @@ def test_fused_and_unfused_rows(tmp_path):
     doc = json.loads(next(tmp_path.glob("e2e-*.json")).read_text())
     rows = {r["path"]: r for r in doc["rows"]}
     assert set(rows) == {"bf16", "fp8-dynamic ours", "fp8-dynamic ours fused"}, rows.keys()
-    layers = e2e.TINY["num_hidden_layers"]
+    layers = TINY["num_hidden_layers"]
     plain, fused = rows["fp8-dynamic ours"], rows["fp8-dynamic ours fused"]
     assert plain["linear_calls"] == 7 * layers and fused["linear_calls"] == 4 * layers
     assert fused["fusion"] == dict(groups=2 * layers, skipped=[])

@@ -1,51 +1,19 @@
-"""Decode measurements of ``benchmarks/e2e.py``: per-token clocks and the greedy-token comparison.
+"""Greedy tokens of a compiled ``generate`` against eager's, and how far apart the two runs' logits are.
 
-- :class:`StepClock` (a ``generate`` streamer) stamps the host clock at every token ``generate`` emits:
-  TTFT is the first token's stamp, a decode step the interval between two stamps (``generate``
-  synchronizes with the GPU once per token, so the interval is the step's wall time). The median
-  interval is the steady step: the first decode step of each ``generate`` call, which re-records
-  the CUDA graph for the call's new static cache, is reported apart (``first_step_ms``).
-- :class:`FirstScores` (a logits processor that changes nothing) keeps the raw logits of the first
-  :data:`COMPARED_TOKENS` steps on the host, and :func:`compare_greedy` compares a compiled run's
-  tokens with eager's: rows identical for all compared tokens, and for the others where they diverge
-  and by how much the two logit vectors differ there (in units of the logits' standard deviation). On
-  random weights the logits are near-flat, so greedy tokens flip wherever the eager top-2 margin is
-  below the compiled-vs-eager difference (a near-tie); BF16's own row says how often that happens.
+:class:`FirstScores` (a logits processor that changes nothing) keeps the raw logits of the first
+:data:`COMPARED_TOKENS` steps on the host, and :func:`compare_greedy` compares a compiled run's tokens
+with eager's: rows identical for all compared tokens, and for the others where they diverge and by how
+much the two logit vectors differ there (in units of the logits' standard deviation). On random weights
+the logits are near-flat, so greedy tokens flip wherever the eager top-2 margin is below the
+compiled-vs-eager difference (a near-tie); BF16's own row says how often that happens.
 """
 
 from __future__ import annotations
-
-import gc
-import statistics
-import time
 
 import torch
 
 #: Greedy tokens compared between the compiled and the eager path.
 COMPARED_TOKENS = 32
-
-
-class StepClock:
-    """A ``generate`` streamer that records ``time.perf_counter()`` at each ``put`` (the prompt, then each token)."""
-
-    def __init__(self):
-        self.stamps: list[float] = []
-
-    def put(self, value) -> None:  # noqa: ARG002 - the tokens themselves are not needed
-        self.stamps.append(time.perf_counter())
-
-    def end(self) -> None:
-        pass
-
-    def timings(self, t0: float) -> dict:
-        """TTFT (``t0`` -> first new token) and the decode-step intervals of one ``generate`` call, in ms."""
-        new = self.stamps[1:]  # stamps[0] is the prompt
-        steps = [(b - a) * 1e3 for a, b in zip(new, new[1:])]
-        out = dict(ttft_ms=(new[0] - t0) * 1e3 if new else float("nan"))
-        if steps:
-            out.update(step_ms=statistics.median(steps), first_step_ms=steps[0],
-                       mean_step_ms=statistics.fmean(steps))
-        return out
 
 
 class FirstScores:
@@ -59,25 +27,6 @@ class FirstScores:
         if len(self.scores) < self.n:
             self.scores.append(scores.detach().float().cpu())
         return scores
-
-
-def timed_generate(model, ids: torch.Tensor, new: int, kw: dict, scores: FirstScores | None = None) -> tuple[dict, torch.Tensor]:
-    """One greedy ``generate`` of ``new`` tokens with a :class:`StepClock` (garbage collection off while it
-    runs); returns its timings and the new tokens ``[batch, new]`` (on the host)."""
-    from transformers import LogitsProcessorList
-
-    clock = StepClock()
-    extra = dict(logits_processor=LogitsProcessorList([scores])) if scores is not None else {}
-    gc.collect()
-    gc.disable()
-    try:
-        if torch.cuda.is_available() and ids.is_cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, streamer=clock, **kw, **extra)
-    finally:
-        gc.enable()
-    return clock.timings(t0), out[:, ids.shape[1]:].cpu()
 
 
 def compare_greedy(eager_tokens: torch.Tensor, eager_scores: list[torch.Tensor], tokens: torch.Tensor,

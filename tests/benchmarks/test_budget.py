@@ -1,0 +1,43 @@
+"""benchmarks/common/budget.py: a compiled cell starts only while the slowest compile so far (the first
+guess before any) fits in what is left, with the reserve kept."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from benchmarks.common.budget import Budget
+
+
+def test_no_budget_allows_everything():
+    b = Budget(None, first_guess_s=1e9)
+    b.compiled(1e9)
+    assert b.left() == float("inf") and b.allows_compile()
+
+
+def test_first_guess_then_the_slowest_compile_decides():
+    b = Budget(100.0, first_guess_s=60.0, reserve_s=30.0)
+    assert b.allows_compile()  # ~100 s left > 60 + 30
+    b.compiled(20.0)
+    assert b.allows_compile() and b.slowest == 20.0
+    b.compiled(10.0)  # a faster compile does not lower the estimate
+    assert b.slowest == 20.0
+    b.compiled(75.0)  # 75 + 30 > ~100 s left
+    assert not b.allows_compile()
+    assert "--budget-s 100" in b.why() and "75 s" in b.why()
+
+
+def test_time_runs_out():
+    b = Budget(0.2, first_guess_s=0.0, reserve_s=0.0)
+    assert b.allows_compile()
+    time.sleep(0.25)
+    assert b.left() < 0 and not b.allows_compile()
+    assert "0 s left" in b.why()
+
+
+@pytest.mark.parametrize("kw", [dict(seconds=0.0, first_guess_s=1.0), dict(seconds=-5.0, first_guess_s=1.0),
+                                dict(seconds=10.0, first_guess_s=-1.0), dict(seconds=10.0, first_guess_s=1.0, reserve_s=-1.0)])
+def test_bad_values_raise(kw):
+    with pytest.raises(ValueError):
+        Budget(**kw)
