@@ -60,7 +60,7 @@ struct BlkTile {
   int pos;             // not swapped: the thread's first row in the 128-row tile; swapped: its first column
   int cut;             // tile column where the second weight block starts (kTwoBlocks)
 
-  // mb / nb: the tile's row / column block; kb0: its first k-block (split K).
+  // mb / nb: the tile's row block of 128 rows / column block; kb0: its first k-block (split K).
   __device__ __forceinline__ BlkTile(const float* slot_base, const EpiParams& ep, int mb, int nb, int kb0,
                                      int tile_row_local, int lane)
       : slots(slot_base) {

@@ -25,9 +25,9 @@ inline bool config_info(int id, ConfigInfo& info) {
     case 14: info = {128, 128, true, false, false, "swap128x128_2acc"}; return true;
     case 15: info = {144, 128, true, false, false, "swap128x144_2acc"}; return true;
     case 16: info = {64, 128, true, true, false, "swap128x64_2acc"}; return true;
-    case 17: info = {16, 64, true, true, false, "swap64x16_2acc"}; return true;
-    case 18: info = {32, 64, true, true, false, "swap64x32_2acc"}; return true;
-    case 19: info = {64, 64, true, true, false, "swap64x64_2acc"}; return true;
+    case 17: info = {16, 64, true, true, true, "swap64x16_2acc"}; return true;
+    case 18: info = {32, 64, true, true, true, "swap64x32_2acc"}; return true;
+    case 19: info = {64, 64, true, true, true, "swap64x64_2acc"}; return true;
     default: return false;
   }
 }
@@ -73,12 +73,18 @@ const char* launch_config(const LaunchArgs& la, cudaStream_t stream, bool split,
       return split ? launch_one<64, true, 1, FA, FB, true, true>(la, stream)
                    : launch_one<64, true, 1, FA, FB, true>(la, stream);
     case 17:  // swap64x16_2acc
+      if (blk) return split ? launch_one<16, true, 1, FA, FB, true, true, true, 64>(la, stream)
+                   : launch_one<16, true, 1, FA, FB, true, false, true, 64>(la, stream);
       return split ? launch_one<16, true, 1, FA, FB, true, true, false, 64>(la, stream)
                    : launch_one<16, true, 1, FA, FB, true, false, false, 64>(la, stream);
     case 18:  // swap64x32_2acc
+      if (blk) return split ? launch_one<32, true, 1, FA, FB, true, true, true, 64>(la, stream)
+                   : launch_one<32, true, 1, FA, FB, true, false, true, 64>(la, stream);
       return split ? launch_one<32, true, 1, FA, FB, true, true, false, 64>(la, stream)
                    : launch_one<32, true, 1, FA, FB, true, false, false, 64>(la, stream);
     case 19:  // swap64x64_2acc
+      if (blk) return split ? launch_one<64, true, 1, FA, FB, true, true, true, 64>(la, stream)
+                   : launch_one<64, true, 1, FA, FB, true, false, true, 64>(la, stream);
       return split ? launch_one<64, true, 1, FA, FB, true, true, false, 64>(la, stream)
                    : launch_one<64, true, 1, FA, FB, true, false, false, 64>(la, stream);
     default: return "unknown kernel config";

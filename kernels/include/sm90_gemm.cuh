@@ -134,7 +134,8 @@ __global__ void __launch_bounds__(TileCfg<BN, SWAP, BLK, BM>::kThreads, 1)
       // the k-blocks' promotion: plain, or with the fine-grained scales of this tile (BLK)
       using Pro = std::conditional_t<BLK, BlkPromote<BN, SWAP, NACC>, PlainPromote<BN, NACC>>;
       const Pro pro = [&]() {
-        if constexpr (BLK) return Pro{BlkTile<BN, SWAP>(L.scales, ep, mb, nb, kb0, cw * 64 + lr0, lane)};
+        // (the row block of 128: a 64-row tile lies inside one 128-row weight block, block mb / 2)
+        if constexpr (BLK) return Pro{BlkTile<BN, SWAP>(L.scales, ep, mb / (kBM / BM), nb, kb0, cw * 64 + lr0, lane)};
         else return Pro{};
       }();
       if constexpr (DBL) {

@@ -86,15 +86,15 @@ extern __shared__ __align__(1024) uint8_t g_smem[];
 constexpr int kScaleSlotFloats = kBM;
 
 // BM: the tile's rows on the kernel's A side, 128 (two consumer warpgroups of 64 rows) or 64 (one consumer
-// warpgroup: the swapped decode tiles of 64 weight rows, twice the CTAs of a 128-row grid; no BLK
-// instances). A 64-row tile keeps up to kMaxStages64 k-blocks in flight (16 x 8-10 KB per SM, the bytes in
+// warpgroup: the swapped decode tiles of 64 weight rows, twice the CTAs of a 128-row grid; each tile lies
+// inside one 128-row weight block of block scales). A 64-row tile keeps up to kMaxStages64 k-blocks in flight (16 x 8-10 KB per SM, the bytes in
 // flight of the 128-row tile's 8 stages): the stage count, not the tile, sets how much of the weight stream
 // an SM has requested (docs/kernel-log.md v30).
 constexpr int kMaxStages128 = 8;
 constexpr int kMaxStages64 = 16;
 template <int BN, bool SWAP, bool BLK = false, int BM = kBM>
 struct TileCfg {
-  static_assert(BM == kBM || (BM == 64 && SWAP && !BLK), "64-row tiles: swapped, without block scales");
+  static_assert(BM == kBM || (BM == 64 && SWAP), "64-row tiles: the swapped decode tiles");
   static constexpr int kConsumers = BM / 64;           // consumer warpgroups, 64 rows each
   static constexpr int kThreads = 128 * (1 + kConsumers);  // + the producer warpgroup
   static constexpr int kStageA = BM * kBK;

@@ -121,6 +121,20 @@ def test_every_block_config(cfg, m, n, k, out_dtype):
     _case(m, n, k, fa, fb, torch.float32, out_dtype, config=cfg)
 
 
+#: The 64-row decode tiles (configs 17-19): each tile takes the factors of the 128-row weight block it lies
+#: in (tile mb in block mb / 2): N ending inside a block's first or second half, many tiles per CTA (N =
+#: 9000: 141 tiles on 132 SMs), a K range longer than the 16-stage ring, M past the tile width.
+ROWS64_BLOCK_CFGS = [c.id for c in configs.CONFIGS if c.block_scales and c.block_m == 64]
+
+
+@pytest.mark.parametrize("cfg", ROWS64_BLOCK_CFGS)
+@pytest.mark.parametrize("m, n, k", [(1, 200, 1040), (7, 4104, 4864), (16, 9000, 640), (33, 136, 16400),
+                                     (64, 1000, 2064), (100, 320, 400)])
+def test_rows64_block_tiles(cfg, m, n, k):
+    i = cfg + m
+    _case(m, n, k, *FMTS[i % 4], [None, torch.bfloat16][i % 2], OUTS[i % 3], config=cfg)
+
+
 @pytest.mark.parametrize("cfg", BLOCK_SPLIT_CFGS)
 @pytest.mark.parametrize("splits", [2, 5, 16])
 @pytest.mark.parametrize("m, n, k", [(1, 72, 4096), (64, 4104, 16400), (70, 300, 2064), (130, 1153, 4112)])
