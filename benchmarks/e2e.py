@@ -178,16 +178,22 @@ def error_text(e: BaseException, width: int = 200) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0][:width] if str(e) else ''}"
 
 
-def measure_batch(model, batch: int, args, clock: Budget | None, eager: bool, calls: list, device) -> dict:
+def measure_batch(model, batch: int, args, clock: Budget | None, eager: bool, calls: list, device,
+                  compiles: int = 1, skip_compiled: str | None = None) -> dict:
     """The decode cell of one batch size: eager (if ``eager``) and compiled ``generate``, the greedy
     comparison of the two, and the compiled step's split into the linear layers (``calls``: the GEMMs a
-    forward launches) and the rest. A compiled cell ``clock`` does not allow is recorded as skipped."""
+    forward launches) and the rest. The compiled cell runs only if ``clock`` has room for ``compiles``
+    compiles (2 for the baseline: itself and one to compare it with) and no ``skip_compiled`` reason is
+    given, else it is recorded as skipped with the reason."""
     cell, greedy = {}, {}
     ids = prompt_ids(model.config.vocab_size, batch, args.prompt, device)
     for mode, compiled in (("eager", False), ("compiled", True)):
         if mode == "eager" and not eager:
             continue
-        if compiled and clock is not None and not clock.allows_compile():
+        if compiled and skip_compiled is not None:
+            cell[mode] = dict(error=f"skipped: {skip_compiled}")
+            continue
+        if compiled and clock is not None and not clock.allows_compile(compiles):
             cell[mode] = dict(error=f"skipped: {clock.why()}")
             continue
         reset_compiled(model)
@@ -229,13 +235,19 @@ def path_facts(model, label: str, kind: str, args, device) -> dict:
 
 
 def run_phase(model, label: str, row: dict, batches: list[int], args, clock, device, held_bytes: int,
-              checkpoint) -> None:
+              checkpoint, baseline: bool = False, base: dict | None = None) -> None:
     """Measure the path ``label`` (its layers swapped in) at ``batches``: each cell goes into
     ``row["decode"]`` and ``checkpoint()`` saves it at once; then the peak GPU memory since the last
-    ``reset_peak_memory_stats`` less ``held_bytes`` (memory outside the model), the largest over phases."""
+    ``reset_peak_memory_stats`` less ``held_bytes`` (memory outside the model), the largest over phases.
+    A ``baseline`` path's compiled cell needs budget for itself and one path to compare it with; a
+    compiled cell of another path whose baseline cell (in ``base``, the baseline's row) was skipped is
+    skipped too (nothing to compare it with)."""
     calls = launched_layers(list(decoder_linears(model).values()))  # fused groups as the one GEMM each a forward launches
     for b in batches:
-        row["decode"][str(b)] = cell = measure_batch(model, b, args, clock, b in args.eager_batches, calls, device)
+        base_error = str(((base or {}).get("decode", {}).get(str(b)) or {}).get("compiled", {}).get("error", ""))
+        skip = "no BF16 compiled cell at this batch to compare with" if base_error.startswith("skipped") else None
+        row["decode"][str(b)] = cell = measure_batch(model, b, args, clock, b in args.eager_batches, calls, device,
+                                                     2 if baseline else 1, skip)
         checkpoint()  # before the line: a printed cell is on disk
         print(f"  {label} batch {b}: {fmt_cell(cell)}", flush=True)
     if is_cuda(device):
@@ -349,6 +361,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="wall-clock budget: compiled cells that would not finish in time are skipped (and listed)")
     ap.add_argument("--compile-guess-s", type=float, default=60.0,
                     help="with --budget-s: the compile time assumed before the first one is measured")
+    ap.add_argument("--reserve-s", type=float, default=30.0,
+                    help="with --budget-s: seconds kept after the last compile (eager reference tokens, linear split, JSON)")
     ap.add_argument("--quick", action="store_true", help="a short run: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     ap.add_argument("--tiny", action="store_true", help="small models of the same architectures (checks the script)")
@@ -391,7 +405,7 @@ def main(argv=None) -> int:
     paths = plan_paths(presets, on_ours, on_cublaslt, fusions, not args.no_torchao)
     phases = [args.batches] if args.order == "path" else [[b] for b in args.batches]
     notes, results, saved = [], {}, None
-    clock = Budget(args.budget_s, args.compile_guess_s)
+    clock = Budget(args.budget_s, args.compile_guess_s, args.reserve_s)
 
     def checkpoint():
         nonlocal saved
@@ -419,7 +433,9 @@ def main(argv=None) -> int:
                             row = rows[path.label] = dict(path_facts(model, path.label, path.kind, args, device), **info)
                             results[name]["rows"].append(row)
                             checkpoint()
-                        run_phase(model, path.label, row, batches, args, clock, device, held, checkpoint)
+                        run_phase(model, path.label, row, batches, args, clock, device, held, checkpoint,
+                                  baseline=path is paths[0] and len(paths) > 1,
+                                  base=None if path is paths[0] else rows.get(paths[0].label))
                 except PathUnavailable as e:  # a note, not a row
                     rows[path.label] = dict(path=path.label, error=str(e))
                     if f"torchao column skipped: {e}" not in notes:

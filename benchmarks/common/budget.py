@@ -23,9 +23,12 @@ class Budget:
         """Seconds left (``inf`` without a budget; negative once overrun)."""
         return float("inf") if self.seconds is None else self.seconds - (time.perf_counter() - self.t0)
 
-    def allows_compile(self) -> bool:
-        """Whether a compile as slow as the slowest so far (the first guess before any) fits, reserve kept."""
-        return self.left() > (self.slowest or self.first_guess_s) + self.reserve_s
+    def allows_compile(self, compiles: int = 1) -> bool:
+        """Whether ``compiles`` compiles as slow as the slowest so far (the first guess before any) fit,
+        reserve kept (a baseline cell asks for 2: itself and one cell to compare it with)."""
+        if compiles < 1:
+            raise ValueError(f"compiles: expected at least 1, got {compiles}")
+        return self.left() > compiles * (self.slowest or self.first_guess_s) + self.reserve_s
 
     def compiled(self, seconds: float) -> None:
         """Record a compile of ``seconds`` (compile and first call)."""

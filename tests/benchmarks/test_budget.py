@@ -41,3 +41,12 @@ def test_time_runs_out():
 def test_bad_values_raise(kw):
     with pytest.raises(ValueError):
         Budget(**kw)
+
+
+def test_a_baseline_asks_room_for_two():
+    b = Budget(100.0, first_guess_s=40.0, reserve_s=10.0)
+    assert b.allows_compile(1) and b.allows_compile(2)  # 40 + 10, 80 + 10 < ~100
+    b.compiled(50.0)
+    assert b.allows_compile(1) and not b.allows_compile(2)  # 60 < ~100 < 110
+    with pytest.raises(ValueError):
+        b.allows_compile(0)

@@ -100,3 +100,20 @@ def test_batch_order_and_a_killed_run_keeps_its_cells(tmp_path):
     two = rows["bf16"]["decode"]["2"]
     assert "eager" not in two and two["compiled"]["decode_tok_s"] > 0 and two["same_tokens_rows"].endswith("/2")
     assert rows["fp8-dynamic ours"]["prefill_tok_s"] > 0
+
+
+@pytest.mark.slow
+def test_budget_skips_a_baseline_without_room_for_a_partner(tmp_path):
+    """BF16's compiled cell needs room for two compiles (itself and an FP8 cell to compare): with 1000 s
+    and a first guess of 600 s it is skipped, and so is the FP8 cell after it (600 s would fit, but
+    there is no BF16 cell to compare it with); the eager reference tokens and the linear split still run."""
+    rc = e2e.main(["--tiny", "--device", "cpu", "--models", "llama3-8b", "--batches", "1", "--skip-eager",
+                   "--new-tokens", "3", "--prompt", "8", "--prefill", "16", "--reps", "1", "--presets", "fp8-dynamic",
+                   "--cublaslt", "", "--no-torchao", "--budget-s", "1000", "--compile-guess-s", "600",
+                   "--reserve-s", "0", "--out", str(tmp_path)])
+    assert rc == 0
+    rows = {r["path"]: r for r in json.loads(next(tmp_path.glob("e2e-*.json")).read_text())["rows"]}
+    assert rows["bf16"]["decode"]["1"]["compiled"]["error"].startswith("skipped: --budget-s 1000")
+    fp8 = rows["fp8-dynamic ours"]["decode"]["1"]
+    assert fp8["compiled"]["error"] == "skipped: no BF16 compiled cell at this batch to compare with"
+    assert fp8["linear_ms"] > 0 and fp8["greedy"] is None and rows["fp8-dynamic ours"]["prefill_tok_s"] > 0
