@@ -4,28 +4,31 @@ Two parts, one run (docs/moe.md):
 
 1. **Grouped GEMM** on the experts' shapes (128 experts, top-8, hidden 2048, expert intermediate 768:
    ``gate_up [128, 1536, 2048]``, ``down [128, 2048, 768]``), routed token counts drawn from a softmax
-   router on random logits, at decode batches and prefill lengths. Candidates, per-token activation
-   and per-channel weight scales: ``ours_sm90`` (our grouped kernel, backend ``sm90_grouped``),
-   ``torch_grouped`` (``torch._scaled_grouped_mm``), ``grouped`` (:func:`fp8_linear.grouped_fp8_gemm`,
-   the backend it picks), ``per_expert`` (its per-expert fallback, one dense GEMM per expert through the
-   dense dispatcher), ``scaled_mm_loop`` (a bare loop of ``torch._scaled_mm`` with row-wise scales,
-   expert offsets known on the host: the baseline of the 1.3x bar; ``cublaslt_loop``, the same loop through
-   the package's cuBLASLt call, stands in where the bare call fails) and ``bf16_grouped``
-   (``torch._grouped_mm`` in BF16, what transformers' ``grouped_mm`` experts run). The same with block
-   scales (``--scales block``: 1x128 token groups x 128x128 weight blocks per expert, the DeepSeek-V3 /
-   Qwen3-FP8 layout; :func:`block_candidates`): ours, ``torch.nn.functional.scaled_grouped_mm`` with
-   block-wise recipes, the dispatcher's choice, the per-expert fallback and a cuBLASLt block loop.
-   ``triton.testing.do_bench`` medians; a candidate that fails prints its error.
+   router on random logits, at decode batches and prefill lengths, for each scale layout of ``--scales``:
+   ``tensor`` (a static activation scale per expert x a weight scale per expert), ``channel`` (per-token
+   x per-channel) and ``block`` (1x128 token groups x 128x128 weight blocks per expert, the DeepSeek-V3 /
+   Qwen3-FP8 layout). Candidates: ``ours_sm90`` (our grouped kernel, backend ``sm90_grouped``),
+   ``torch_grouped`` (``torch._scaled_grouped_mm``; block: ``torch.nn.functional.scaled_grouped_mm``),
+   ``grouped`` (:func:`fp8_linear.grouped_fp8_gemm`, the backend it picks), ``per_expert`` (its per-expert
+   fallback, one dense GEMM per expert through the dense dispatcher), ``scaled_mm_loop`` (a loop of
+   ``torch._scaled_mm`` per expert with rows on the same FP8 operands and scales, laid out ahead:
+   :mod:`benchmarks.moe_loop`, the baseline of the 1.3x bar; block also ``cublaslt_loop``, the package's
+   cuBLASLt call per expert) and ``bf16_grouped`` (``torch._grouped_mm`` in BF16, what transformers'
+   ``grouped_mm`` experts run). ``triton.testing.do_bench`` medians; a candidate that fails prints its
+   error; each row also holds the loop's output against the grouped call's (calc_diff).
 2. **Model**: prefill tokens/s (one forward of ``[1, --prefill]``) and decode tokens/s (greedy
    ``generate`` at batch 1, decode = generate(N) - generate(1)), eager, and compiled static cache with
-   ``--compile`` (with ``--quick``: BF16 and FP8 grouped only); BF16 (transformers' experts implementation) against ``quantize_model(..., fp8-dynamic)``
-   with the grouped GEMM's own choice and with the per-expert fallback forced.
+   ``--compile`` (with ``--quick`` or ``--compiled-only``: BF16 and FP8 grouped only; graph breaks and
+   CUDA graph skips counted); BF16 (transformers' experts implementation) against
+   ``quantize_model(..., fp8-dynamic)`` with the grouped GEMM's own choice and with the per-expert
+   fallback forced.
 
 Writes a table and ``benchmarks/results/moe-<UTC stamp>[-quick].json``.
 
-    python -m benchmarks.moe_bench --quick      # < 90 s on an H200 (per-channel and block GEMMs, 2-layer model)
-    python -m benchmarks.moe_bench --quick --skip-model --scales block   # block grouped GEMMs only
+    python -m benchmarks.moe_bench --quick      # < 90 s on an H200 (every scale layout's GEMMs, 2-layer model)
+    python -m benchmarks.moe_bench --quick --skip-model --scales tensor,block   # grouped GEMMs against the loop
     python -m benchmarks.moe_bench --quick --compile   # + compiled decode, BF16 against FP8 at batch 1
+    python -m benchmarks.moe_bench --quick --compile --compiled-only --skip-gemm --layers 4   # compiled decode only
     python -m benchmarks.moe_bench --layers 8 --compile
     python -m benchmarks.moe_bench --tiny       # a toy size, to check the script (also on a CPU)
     python -m benchmarks.moe_bench --quality    # CPU: accuracy of every preset on a tiny Qwen3-MoE vs its dense twin
@@ -47,6 +50,8 @@ from fp8_linear.grouped_gemm import (
 )
 from fp8_linear.moe.grouped_backends import PER_EXPERT, SM90_GROUPED, TORCH_GROUPED
 
+from benchmarks.moe_loop import ScaledMMLoop
+
 #: Qwen3-30B-A3B (public config.json values); ``--layers`` cuts the depth.
 QWEN3_30B_A3B = dict(
     model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
@@ -60,8 +65,10 @@ TINY = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=128, n
 DECODE_BATCHES = (1, 8, 32, 128)
 PREFILL_TOKENS = (512, 2048, 8192)
 QUICK = dict(decode=(1, 32), prefill=(2048,), layers=2, prefill_len=512, new_tokens=32, reps=3)
+#: ``--tiny`` token counts (torch's CPU tensorwise ``_scaled_mm`` takes about 0.3 s a call even at 16 rows).
+TINY_TOKENS = dict(decode=(1, 8), prefill=(64,))
 #: Grouped GEMM scale layouts of part 1 (``--scales``).
-SCALES = ("channel", "block")
+SCALES = ("tensor", "channel", "block")
 
 
 def _cuda(device) -> bool:
@@ -107,8 +114,8 @@ def _fmt(v) -> str:
 
 
 def _cublaslt_loop(a, b, sa, sb, ends: list):
-    """A loop of the package's cuBLASLt call (fp8_linear.backends.cublaslt: its scale layouts), one per expert
-    with rows (``ends``: the offsets on the host): per-token x per-channel, or 1x128 x 128x128 blocks."""
+    """A loop of the package's cuBLASLt call (fp8_linear.backends.cublaslt, its per-call padding and scale
+    layouts), one per expert with rows (``ends``: the offsets on the host); 1x128 x 128x128 blocks."""
     m, n = a.shape[0], b.shape[1]
     starts = [0] + ends[:-1]
 
@@ -124,54 +131,66 @@ def _cublaslt_loop(a, b, sa, sb, ends: list):
     return run
 
 
-def gemm_candidates(counts: torch.Tensor, n: int, k: int, device) -> dict:
-    """The four candidates of part 1 for one projection ``[E, n, k]`` and routed ``counts``."""
-    e, m = counts.numel(), int(counts.sum())
-    w = torch.randn(e, n, k, device=device, dtype=torch.bfloat16) * 0.02
-    b, sb = quantize_fp8(w.reshape(e * n, k), "e4m3", "channel")
-    b, sb = b.reshape(e, n, k), sb.reshape(e, n, 1)
-    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-    a, sa = quantize_fp8(x, "e4m3", "token")
-    offsets = offsets_from_counts(counts)
-    ends = offsets.tolist()
-    starts = [0] + ends[:-1]
-    problem = make_grouped_problem(a, b, sa, sb, offsets, check_values=False)
-    bt = b.transpose(-2, -1)
-    sbt = [sb[i].reshape(1, n).contiguous() for i in range(e)]
-    sat = [sa[s:t].contiguous() for s, t in zip(starts, ends)]
-    wt = w.transpose(-2, -1)
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    """``1 - 2 sum(xy) / sum(x^2 + y^2)`` in fp64 (docs/design.md section 7)."""
+    x, y = x.double(), y.double()
+    den = float((x * x + y * y).sum())
+    return 0.0 if den == 0 else 1 - 2 * float((x * y).sum()) / den
 
-    def scaled_mm_loop():
-        # torch._scaled_mm: a row-major [rows, K], b column-major [K, N], row-wise fp32 scales [rows, 1] x [1, N]
-        out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
-        for i, (s, t) in enumerate(zip(starts, ends)):
-            if t > s:
-                out[s:t] = torch._scaled_mm(a[s:t], bt[i], scale_a=sat[i], scale_b=sbt[i], out_dtype=torch.bfloat16)
-        return out
 
+def _grouped_fns(problem, a, b, sa, sb, offsets, device) -> dict:
     fns = {}
     for label, backend in (("ours_sm90", SM90_GROUPED), ("torch_grouped", TORCH_GROUPED)):
         ok, why = backend.supports(torch.device(device))
         ok, why = backend.can_run(problem) if ok else (ok, why)
         fns[label] = (lambda backend=backend: backend.run(problem)) if ok else _unavailable(why)
+    fns["grouped"] = lambda: grouped_fp8_gemm_unchecked(a, b, sa, sb, offsets)
+    fns["per_expert"] = lambda: PER_EXPERT.run(problem)
+    return fns
+
+
+def gemm_candidates(counts: torch.Tensor, n: int, k: int, device, scale: str = "channel") -> tuple[dict, str, ScaledMMLoop]:
+    """The candidates of part 1 for one projection ``[E, n, k]`` and routed ``counts``, per-token x
+    per-channel scales (``channel``) or a static per-expert activation scale x a per-expert weight scale
+    (``tensor``, what fp8-tensor's ``down_proj`` runs: the grouped call takes the expert's scale gathered
+    per row ``[M, 1]``, the loop each expert's two scalars). Returns ``(fns, grouped backend, loop)``."""
+    e, m = counts.numel(), int(counts.sum())
+    w = torch.randn(e, n, k, device=device, dtype=torch.bfloat16) * 0.02
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    offsets = offsets_from_counts(counts)
+    ends = offsets.tolist()
+    if scale == "tensor":
+        qs = [quantize_fp8(w[i], "e4m3", "tensor") for i in range(e)]
+        b, sb = torch.stack([q for q, _ in qs]), torch.cat([s.reshape(1) for _, s in qs])
+        owner = torch.repeat_interleave(torch.arange(e, device=device), counts.to(device), output_size=m)
+        amax = torch.zeros(e, device=device).scatter_reduce_(0, owner, x.float().abs().amax(-1), "amax")
+        input_scale = (amax / 448.0).clamp(min=1e-12)  # a calibrated static scale per expert (e4m3 max 448)
+        sa = input_scale[owner].unsqueeze(-1)
+        a, _ = quantize_fp8(x, "e4m3", "token", scale=sa)
+        loop = ScaledMMLoop(a, b, input_scale, sb, ends, "tensor")
+    else:
+        b, sb = quantize_fp8(w.reshape(e * n, k), "e4m3", "channel")
+        b, sb = b.reshape(e, n, k), sb.reshape(e, n, 1)
+        a, sa = quantize_fp8(x, "e4m3", "token")
+        loop = ScaledMMLoop(a, b, sa, sb, ends, "channel")
+    problem = make_grouped_problem(a, b, sa, sb, offsets, check_values=False)
+    wt = w.transpose(-2, -1)
     return {
-        **fns,
-        "grouped": lambda: grouped_fp8_gemm_unchecked(a, b, sa, sb, offsets),
-        "per_expert": lambda: PER_EXPERT.run(problem),
-        "scaled_mm_loop": scaled_mm_loop,
-        "cublaslt_loop": _cublaslt_loop(a, b, sa, sb, ends),
+        **_grouped_fns(problem, a, b, sa, sb, offsets, device),
+        "scaled_mm_loop": loop,
         "bf16_grouped": lambda: torch._grouped_mm(x, wt, offs=offsets),
-    }, select_grouped_backend(problem).name
+    }, select_grouped_backend(problem).name, loop
 
 
-def block_candidates(counts: torch.Tensor, n: int, k: int, device) -> dict:
+def block_candidates(counts: torch.Tensor, n: int, k: int, device, scale: str = "block") -> tuple[dict, str, ScaledMMLoop]:
     """Part 1 with block scales (1x128 token groups x 128x128 weight blocks per expert, the DeepSeek-V3 /
     Qwen3-FP8 layout) for one projection ``[E, n, k]``: ``ours_sm90`` (the grouped kernel's block instances;
     tokens quantized by the extension's one-pass 1x128 quantization, M-major scales), ``torch_grouped``
     (``torch.nn.functional.scaled_grouped_mm`` with block-wise recipes, where this torch runs them),
     ``grouped`` (the dispatcher's choice), ``per_expert`` (the generic fallback block experts took before:
-    one dense block GEMM per expert through the dense dispatcher, one host sync) and ``cublaslt_loop``
-    (a loop of the package's cuBLASLt block-wise ``scaled_mm`` call, the baseline)."""
+    one dense block GEMM per expert through the dense dispatcher, one host sync), ``scaled_mm_loop``
+    (cuBLASLt's block-wise ``scaled_mm`` per expert, operands laid out ahead: benchmarks/moe_loop.py) and
+    ``cublaslt_loop`` (the package's cuBLASLt call per expert, which pads and relays out per call)."""
     from fp8_linear.moe.sm90_grouped import quantize_groups
 
     e, m = counts.numel(), int(counts.sum())
@@ -183,6 +202,13 @@ def block_candidates(counts: torch.Tensor, n: int, k: int, device) -> dict:
     offsets = offsets_from_counts(counts)
     ends = offsets.tolist()
     problem = make_grouped_problem(a, b, sa, sb, offsets, check_values=False)
+    layout = "padded"
+    if _cuda(device):
+        from fp8_linear.backends.cublaslt import _block_layout
+
+        ok, why, layout = _block_layout(torch.device(device))
+        layout = layout or "padded"
+    loop = ScaledMMLoop(a, b, sa, sb, ends, "block", block_layout=layout)
 
     def torch_grouped():
         from torch.nn.functional import ScalingType, scaled_grouped_mm
@@ -190,19 +216,17 @@ def block_candidates(counts: torch.Tensor, n: int, k: int, device) -> dict:
         return scaled_grouped_mm(a, b.transpose(-2, -1), sa, ScalingType.BlockWise1x128, sb,
                                  ScalingType.BlockWise128x128, offs=offsets, output_dtype=torch.bfloat16)
 
-    ok, why = SM90_GROUPED.supports(torch.device(device))
-    ok, why = SM90_GROUPED.can_run(problem) if ok else (ok, why)
-    return {
-        "ours_sm90": (lambda: SM90_GROUPED.run(problem)) if ok else _unavailable(why),
-        "torch_grouped": torch_grouped,
-        "grouped": lambda: grouped_fp8_gemm_unchecked(a, b, sa, sb, offsets),
-        "per_expert": lambda: PER_EXPERT.run(problem),
-        "cublaslt_loop": _cublaslt_loop(a, b, sa, sb, ends),
-    }, select_grouped_backend(problem).name
+    fns = _grouped_fns(problem, a, b, sa, sb, offsets, device)
+    fns["torch_grouped"] = torch_grouped
+    return {**fns, "scaled_mm_loop": loop, "cublaslt_loop": _cublaslt_loop(a, b, sa, sb, ends)}, \
+        select_grouped_backend(problem).name, loop
 
 
 def gemm_part(cfg: dict, decode: tuple, prefill: tuple, device, reps: int,
               scales: tuple = ("channel", "block")) -> list[dict]:
+    """Part 1: every candidate at each scale layout, phase and token count, for ``gate_up`` and ``down``.
+    Each row also holds ``loop_vs_grouped_calc_diff``: the loop's output against the grouped call's (the
+    same FP8 operands and scales, so it is the two GEMMs' rounding apart, about 1e-6 for bf16 output)."""
     e, k_top, h, i = cfg["num_experts"], cfg["num_experts_per_tok"], cfg["hidden_size"], cfg["moe_intermediate_size"]
     rows = []
     for scale, phase, tokens in [(sc, ph, t) for sc in scales
@@ -210,10 +234,13 @@ def gemm_part(cfg: dict, decode: tuple, prefill: tuple, device, reps: int,
         counts = route(tokens, e, k_top, device)
         for proj, n, k in (("gate_up", 2 * i, h), ("down", h, i)):
             make = block_candidates if scale == "block" else gemm_candidates
-            fns, chosen = make(counts, n, k, device)
+            fns, chosen, loop = make(counts, n, k, device, scale)
             ms = _time(fns, device, reps)
             row = dict(scales=scale, phase=phase, tokens=tokens, routed=int(counts.sum()),
-                       active=int((counts > 0).sum()), proj=proj, n=n, k=k, grouped_backend=chosen, ms=ms)
+                       active=int((counts > 0).sum()), proj=proj, n=n, k=k, grouped_backend=chosen, ms=ms,
+                       loop_calls=len(loop.calls), loop_mode=loop.mode)
+            if isinstance(ms.get("scaled_mm_loop"), float) and isinstance(ms.get("grouped"), float):
+                row["loop_vs_grouped_calc_diff"] = calc_diff(loop.result(), fns["grouped"]())
             base = ms.get("scaled_mm_loop")
             if not isinstance(base, float):  # the bare call refused: the package's cuBLASLt loop is the baseline
                 base = ms.get("cublaslt_loop")
@@ -228,6 +255,23 @@ def gemm_part(cfg: dict, decode: tuple, prefill: tuple, device, reps: int,
             print(f"{scale:7s} {phase:7s} tokens={tokens:5d} {proj:7s} active={row['active']:3d} "
                   + "  ".join(f"{c}={_fmt(v)}" for c, v in ms.items()) + f"  {ratios} (grouped picks {chosen})")
     return rows
+
+
+def print_gemm_table(rows: list[dict]) -> None:
+    """One line per row: the grouped call, our kernel and the per-expert loop (ms), grouped / loop."""
+    print("\ngrouped FP8 GEMM against the per-expert torch._scaled_mm loop (ms; x = loop time / grouped time)")
+    print(f"{'scales':7s} {'phase':7s} {'tokens':>6s} {'proj':7s} {'experts':>7s} {'grouped':>9s} {'ours_sm90':>9s} "
+          f"{'loop':>9s} {'x':>6s}  {'loop calc_diff':>14s}  backend")
+    for r in rows:
+        ms = r["ms"]
+        loop = ms.get("scaled_mm_loop")
+        loop = loop if isinstance(loop, float) else ms.get("cublaslt_loop")
+        cell = lambda v: f"{v:9.4f}" if isinstance(v, float) else f"{'ERR':>9s}"  # noqa: E731
+        x = r.get("grouped_vs_loop")
+        d = r.get("loop_vs_grouped_calc_diff")
+        print(f"{r['scales']:7s} {r['phase']:7s} {r['tokens']:6d} {r['proj']:7s} {r['active']:7d} {cell(ms.get('grouped'))} "
+              f"{cell(ms.get('ours_sm90'))} {cell(loop)} {f'{x:6.2f}' if x else '     -'}  "
+              f"{f'{d:14.2e}' if d is not None else '             -'}  {r['grouped_backend']}")
 
 
 # ------------------------------------------------------------------------------------------- model
@@ -255,27 +299,51 @@ def _wall(fn, device) -> float:
     return time.perf_counter() - t0
 
 
+def compile_counters() -> dict:
+    """What dynamo and inductor counted since the last ``counters.clear()``: graph breaks, graphs compiled,
+    CUDA graph skips (an FP8 step that inductor does not capture pays every launch on the host) and inputs
+    that CUDA graphs had to copy (non-static)."""
+    from torch._dynamo.utils import counters
+
+    return dict(graph_breaks=sum(counters["graph_break"].values()), graphs=counters["stats"]["unique_graphs"],
+                cudagraph_skips=counters["inductor"]["cudagraph_skips"],
+                cudagraph_non_static_inputs=counters["inductor"]["cudagraph_recorded_non_static_inputs"])
+
+
 def model_times(model, device, prefill: int, new: int, reps: int, compiled: bool) -> dict:
+    """Prefill tokens/s (one forward of ``[1, prefill]``, eager) and decode tokens/s at batch 1 (greedy
+    ``generate``, decode step = (generate(new) - generate(1)) / (new - 1)); compiled: transformers' static-cache
+    compiled decode (``torch.compile`` mode reduce-overhead, CUDA graphs), with :func:`compile_counters`."""
+    from torch._dynamo.utils import counters
+
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (1, prefill), device=device)
     prompt = torch.randint(0, vocab, (1, 16), device=device)
     kw = dict(do_sample=False, cache_implementation="static") if compiled else dict(do_sample=False, disable_compile=True)
+    counters.clear()
     with torch.inference_mode():
         model(ids)
         pre = statistics.median(_wall(lambda: model(ids), device) for _ in range(reps))
         gen = lambda n: model.generate(prompt, max_new_tokens=n, min_new_tokens=n, **kw)  # noqa: E731
+        t0 = time.perf_counter()
         gen(new)
+        first_s = time.perf_counter() - t0
         one = statistics.median(_wall(lambda: gen(1), device) for _ in range(reps))
         full = statistics.median(_wall(lambda: gen(new), device) for _ in range(max(1, reps - 1)))
     step = (full - one) / (new - 1)
-    return dict(prefill_tok_s=prefill / pre, decode_tok_s=1 / step, decode_step_ms=step * 1e3)
+    out = dict(prefill_tok_s=prefill / pre, decode_tok_s=1 / step, decode_step_ms=step * 1e3, first_generate_s=first_s)
+    return {**out, **compile_counters()} if compiled else out
 
 
 def weight_gb(model) -> float:
     return sum(t.numel() * t.element_size() for t in model.parameters()) / 1e9
 
 
-def model_part(cfg, layers, device, prefill, new, reps, compiled, quick: bool = False) -> list[dict]:
+def model_part(cfg, layers, device, prefill, new, reps, compiled, quick: bool = False,
+               compiled_only: bool = False) -> list[dict]:
+    """Part 2: BF16 (transformers' experts implementation) against fp8-dynamic (the grouped GEMM's choice,
+    and the per-expert fallback forced), eager and (``compiled``) compiled; ``quick`` compiles BF16 and FP8
+    grouped only, ``compiled_only`` skips the eager runs."""
     from fp8_linear import quantize_model
 
     rows = []
@@ -283,10 +351,11 @@ def model_part(cfg, layers, device, prefill, new, reps, compiled, quick: bool = 
     variants = [("bf16", bf16, None)]
     fp8 = quantize_model(copy.deepcopy(bf16), None, "fp8-dynamic", progress=False, gptq=False)
     variants += [("fp8-dynamic grouped", fp8, None), ("fp8-dynamic per_expert", fp8, PER_EXPERT)]
-    for mode in ([False, True] if compiled else [False]):
+    modes = [True] if compiled and compiled_only else ([False, True] if compiled else [False])
+    for mode in modes:
         for label, model, forced in variants:
-            if mode and quick and forced is not None:
-                continue  # --quick: compiled BF16 against compiled FP8 grouped only
+            if mode and (quick or compiled_only) and forced is not None:
+                continue  # compiled BF16 against compiled FP8 grouped only
             if forced is not None:
                 register_grouped_backend(forced)
             try:
@@ -298,10 +367,29 @@ def model_part(cfg, layers, device, prefill, new, reps, compiled, quick: bool = 
                     unregister_grouped_backend(forced.name)
             row = dict(model=label, compiled=mode, layers=layers, weight_gb=weight_gb(model), **t)
             rows.append(row)
+            diag = (f"  graph breaks {t['graph_breaks']}, graphs {t['graphs']}, cudagraph skips {t['cudagraph_skips']}"
+                    f" (first generate {t['first_generate_s']:.0f} s)" if mode and "error" not in t else "")
             print(f"{label:24s} {'compiled' if mode else 'eager   '} " + (
                 f"prefill {t['prefill_tok_s']:9.0f} tok/s  decode {t['decode_tok_s']:7.1f} tok/s  weights {row['weight_gb']:.2f} GB"
-                if "error" not in t else t["error"]))
+                + diag if "error" not in t else t["error"]))
     return rows
+
+
+def print_model_table(rows: list[dict]) -> None:
+    """Decode at batch 1 per model and mode, with the ratio to BF16 in the same mode."""
+    bf = {r["compiled"]: r for r in rows if r["model"] == "bf16" and "error" not in r}
+    print("\nmodel decode at batch 1 (x = tokens/s over BF16's in the same mode)")
+    print(f"{'model':24s} {'mode':8s} {'layers':>6s} {'decode tok/s':>12s} {'step ms':>8s} {'x':>6s} {'prefill tok/s':>13s}"
+          f" {'breaks':>6s} {'cg skips':>8s}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['model']:24s} {'compiled' if r['compiled'] else 'eager':8s} {r['layers']:6d} ERR {r['error'][:80]}")
+            continue
+        base = bf.get(r["compiled"])
+        x = f"{r['decode_tok_s'] / base['decode_tok_s']:6.2f}" if base else "     -"
+        print(f"{r['model']:24s} {'compiled' if r['compiled'] else 'eager':8s} {r['layers']:6d} {r['decode_tok_s']:12.1f} "
+              f"{r['decode_step_ms']:8.3f} {x} {r['prefill_tok_s']:13.0f} {r.get('graph_breaks', '-'):>6} "
+              f"{r.get('cudagraph_skips', '-'):>8}")
 
 
 # ------------------------------------------------------------------------------------------- quality (CPU)
@@ -354,15 +442,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a short run (< 1 minute on an H200; with --compile also compiled BF16 / FP8 decode)")
     ap.add_argument("--tiny", action="store_true", help="a toy-size model (checks the script; runs on a CPU)")
-    ap.add_argument("--layers", type=int, default=4, help="decoder layers of the model part (Qwen3-30B-A3B has 48)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="decoder layers of the model part (default 4, 2 with --quick; Qwen3-30B-A3B has 48)")
     ap.add_argument("--prefill", type=int, default=2048, help="tokens of the prefill forward")
     ap.add_argument("--new-tokens", type=int, default=64, help="greedy tokens generated for the decode rate")
     ap.add_argument("--reps", type=int, default=5, help="repetitions (medians)")
     ap.add_argument("--compile", action="store_true", help="also compiled static-cache generate")
+    ap.add_argument("--compiled-only", action="store_true", help="with --compile: no eager model runs")
     ap.add_argument("--skip-model", action="store_true", help="grouped GEMM part only")
+    ap.add_argument("--skip-gemm", action="store_true", help="model part only")
     ap.add_argument("--scales", default=",".join(SCALES),
-                    help="grouped GEMM scale layouts, comma-separated: channel (per-token x per-channel), "
-                         "block (1x128 x 128x128 blocks)")
+                    help="grouped GEMM scale layouts, comma-separated: tensor (static per-expert activation x "
+                         "per-expert weight scales), channel (per-token x per-channel), block (1x128 x 128x128 blocks)")
     ap.add_argument("--quality", action="store_true",
                     help="only the CPU accuracy table: a tiny Qwen3-MoE and its dense twin, every preset")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
@@ -377,18 +468,23 @@ def main(argv=None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = dict(QWEN3_30B_A3B, **(TINY if args.tiny else {}))
     decode, prefill_list = DECODE_BATCHES, PREFILL_TOKENS
-    layers, prefill, new, reps = args.layers, args.prefill, args.new_tokens, args.reps
+    layers, prefill, new, reps = args.layers or 4, args.prefill, args.new_tokens, args.reps
     if args.quick or args.tiny:
-        decode, prefill_list = QUICK["decode"], QUICK["prefill"]
-        layers, prefill, new, reps = QUICK["layers"], QUICK["prefill_len"], QUICK["new_tokens"], QUICK["reps"]
+        decode, prefill_list = (TINY_TOKENS if args.tiny else QUICK)["decode"], (TINY_TOKENS if args.tiny else QUICK)["prefill"]
+        layers, prefill, new, reps = args.layers or QUICK["layers"], QUICK["prefill_len"], QUICK["new_tokens"], QUICK["reps"]
     print(f"device {device}; grouped backends in order: {[b.name for b in grouped_backends()]}")
     scales = tuple(s for s in args.scales.split(",") if s)
     if not scales or any(s not in SCALES for s in scales):
         ap.error(f"--scales: expected a comma-separated subset of {SCALES}, got {args.scales!r}")
-    gemm_rows = gemm_part(cfg, decode, prefill_list, device, reps, scales)
-    model_rows = [] if args.skip_model else model_part(cfg, layers, device, prefill, new, reps, args.compile, args.quick)
+    gemm_rows = [] if args.skip_gemm else gemm_part(cfg, decode, prefill_list, device, reps, scales)
+    if gemm_rows:
+        print_gemm_table(gemm_rows)
+    model_rows = [] if args.skip_model else model_part(cfg, layers, device, prefill, new, reps, args.compile, args.quick,
+                                                      args.compiled_only)
+    if model_rows:
+        print_model_table(model_rows)
     summary = {}
-    for scale in scales:  # per-channel keys unsuffixed; block keys "..._block" (baseline: the cuBLASLt block loop)
+    for scale in scales if gemm_rows else ():  # per-channel keys unsuffixed; "..._tensor", "..._block" for the others
         tag = "" if scale == "channel" else f"_{scale}"
         rows = [r for r in gemm_rows if r["scales"] == scale]
         for c in ("ours_sm90", "torch_grouped", "grouped"):

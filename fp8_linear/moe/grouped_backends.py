@@ -26,6 +26,15 @@ TORCH_GROUPED_MAJORS = (9, 10)
 ALIGN = 16
 
 
+def aligned_rows(t: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """Rows ``start:end`` of a per-row scale ``t`` ``[M, C]``: a view where it starts :data:`ALIGN`-byte
+    aligned, else a copy. cuBLASLt's outer-vector (row-wise) scaling, which torch uses on sm90 with
+    cuBLAS >= 12.9, refuses scale pointers that are not 16-byte aligned with ``CUBLAS_STATUS_NOT_SUPPORTED``
+    (pytorch/pytorch#159957), and a slice starting at row ``start`` sits ``4 * start`` bytes in."""
+    rows = t[start:end]
+    return rows if rows.data_ptr() % ALIGN == 0 else rows.clone()
+
+
 class PerExpertBackend(GroupedBackend):
     """A loop over experts, each a dense :class:`~fp8_linear.backends.base.GemmProblem` (one host sync
     to read the offsets)."""
@@ -44,7 +53,7 @@ class PerExpertBackend(GroupedBackend):
         for e, end in enumerate(p.offsets.tolist()):
             if end <= start:
                 continue
-            sa = p.scale_a if p.scale_a_kind == A_TENSOR else p.scale_a[start:end]
+            sa = p.scale_a if p.scale_a_kind == A_TENSOR else aligned_rows(p.scale_a, start, end)
             bias = None if p.bias is None else p.bias[e]
             dense = make_problem(p.a[start:end], p.b[e], sa, p.expert_scale_b(e), bias, p.out_dtype, check_values=False)
             out[start:end] = run_problem(dense)
