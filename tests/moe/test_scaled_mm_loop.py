@@ -111,3 +111,34 @@ def test_per_expert_backend_hands_the_dense_gemm_aligned_scale_rows():
         assert rows.data_ptr() % SCALE_ALIGN == 0 and torch.equal(rows, sa[start:start + 5])
         if sa[start:].data_ptr() % SCALE_ALIGN == 0:
             assert rows.data_ptr() == sa[start:].data_ptr(), "an aligned slice stays a view"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["tensor", "channel", "block"])
+def test_gpu_loop_runs_with_experts_at_unaligned_rows_and_matches_fp64(kind):
+    """On the device: cuBLASLt takes every call (experts starting at rows 1, 38, 43, 173), the rows are the
+    fp64 result's within the kernel bar, and the grouped GEMM's within twice that."""
+    a, b, sa, sb, ends = (t.cuda() if isinstance(t, torch.Tensor) else t for t in _operands(kind, n=256, k=512))
+    layout = "padded"
+    if kind == "block":
+        from fp8_linear.backends.cublaslt import _block_layout
+
+        ok, why, layout = _block_layout(a.device)
+        if not ok:
+            pytest.skip(f"this torch / cuBLAS runs no block-scaled scaled_mm: {why}")
+    loop = ScaledMMLoop(a, b, sa, sb, ends, kind, block_layout=layout)
+    loop()
+    out = loop.result()
+    assert kind == "block" or loop.mode == "out="
+    owner = torch.repeat_interleave(torch.arange(len(COUNTS)), torch.tensor(COUNTS)).cuda()
+    if kind == "tensor":
+        rows_a = torch.cat([sa[owner].unsqueeze(-1), torch.ones(TAIL, 1, device="cuda")])
+    else:
+        rows_a = sa
+    ref = reference64(a, b, rows_a, sb, COUNTS, {"tensor": "row", "channel": "row", "block": "group"}[kind], kind)
+    bar = rounding_bar(ref, torch.bfloat16, KERNEL_FLOOR)
+    assert calc_diff(out.cpu(), ref) <= bar
+    assert not out[-TAIL:].float().any()
+    grouped = grouped_fp8_gemm(a, b, rows_a, sb, offsets_from_counts(torch.tensor(COUNTS, device="cuda")))
+    assert calc_diff(out, grouped) <= 2 * bar
