@@ -5,11 +5,11 @@ Everything a loop can prepare ahead is prepared outside the timed calls (which f
 offsets read on the host once, experts without rows dropped, each expert's scales as its own tensor in
 the layout ``torch._scaled_mm`` takes, and the output rows written in place (``out=``).
 
-Why each expert's scales are copies: on compute capability 9.0 with cuBLAS >= 12.9, torch (2.9 on) runs
-row-wise scales through cuBLASLt's outer-vector scaling, which needs 16-byte aligned scale pointers.
-torch does not check, and cuBLASLt answers ``CUBLAS_STATUS_NOT_SUPPORTED`` (pytorch/pytorch#159957). A
-row slice ``scale_a[s:t]`` of one ``[M, 1]`` fp32 tensor starts ``4 * s`` bytes in, so every expert whose
-first row is not a multiple of 4 failed: the loop's error on the H200 (torch 2.11, CUDA 13), for the
+Why each expert's scales are copies: on compute capability 9.0 with cuBLAS >= 12.9, torch (since
+pytorch/pytorch#157905) runs row-wise scales through cuBLASLt's outer-vector scaling, which needs 16-byte
+aligned scale pointers. torch does not check, and cuBLASLt answers ``CUBLAS_STATUS_NOT_SUPPORTED``
+(pytorch/pytorch#159957). A row slice ``scale_a[s:t]`` of one ``[M, 1]`` fp32 tensor starts ``4 * s``
+bytes in, so every expert whose first row is not a multiple of 4 failed: the loop's error on the H200 (torch 2.11, CUDA 13), for the
 bare call and for the package's cuBLASLt call alike (``.contiguous()`` of a contiguous slice is the slice).
 
 Scale kinds (``kind``), the grouped contract's shapes on the way in:
