@@ -343,35 +343,45 @@ def model_part(cfg, layers, device, prefill, new, reps, compiled, quick: bool = 
                compiled_only: bool = False) -> list[dict]:
     """Part 2: BF16 (transformers' experts implementation) against fp8-dynamic (the grouped GEMM's choice,
     and the per-expert fallback forced), eager and (``compiled``) compiled; ``quick`` compiles BF16 and FP8
-    grouped only, ``compiled_only`` skips the eager runs."""
+    grouped only, ``compiled_only`` skips the eager runs. One model on the device at a time: the FP8 model
+    is built from the same seed and quantized after the BF16 one is freed (48 layers are 61 GB in BF16)."""
+    import gc
+
     from fp8_linear import quantize_model
 
     rows = []
-    bf16 = build_model(cfg, layers, device)
-    variants = [("bf16", bf16, None)]
-    fp8 = quantize_model(copy.deepcopy(bf16), None, "fp8-dynamic", progress=False, gptq=False)
-    variants += [("fp8-dynamic grouped", fp8, None), ("fp8-dynamic per_expert", fp8, PER_EXPERT)]
     modes = [True] if compiled and compiled_only else ([False, True] if compiled else [False])
-    for mode in modes:
-        for label, model, forced in variants:
-            if mode and (quick or compiled_only) and forced is not None:
-                continue  # compiled BF16 against compiled FP8 grouped only
-            if forced is not None:
-                register_grouped_backend(forced)
-            try:
-                t = model_times(model, device, prefill, new, reps, mode)
-            except Exception as e:  # noqa: BLE001 - reported, not fatal
-                t = dict(error=f"{type(e).__name__}: {e}"[:300])
-            finally:
+    groups = (("bf16", [("bf16", None)]),
+              ("fp8-dynamic", [("fp8-dynamic grouped", None), ("fp8-dynamic per_expert", PER_EXPERT)]))
+    for scheme, variants in groups:
+        model = build_model(cfg, layers, device)
+        if scheme != "bf16":
+            model = quantize_model(model, None, scheme, progress=False, gptq=False)
+        for mode in modes:
+            for label, forced in variants:
+                if mode and (quick or compiled_only) and forced is not None:
+                    continue  # compiled BF16 against compiled FP8 grouped only
                 if forced is not None:
-                    unregister_grouped_backend(forced.name)
-            row = dict(model=label, compiled=mode, layers=layers, weight_gb=weight_gb(model), **t)
-            rows.append(row)
-            diag = (f"  graph breaks {t['graph_breaks']}, graphs {t['graphs']}, cudagraph skips {t['cudagraph_skips']}"
-                    f" (first generate {t['first_generate_s']:.0f} s)" if mode and "error" not in t else "")
-            print(f"{label:24s} {'compiled' if mode else 'eager   '} " + (
-                f"prefill {t['prefill_tok_s']:9.0f} tok/s  decode {t['decode_tok_s']:7.1f} tok/s  weights {row['weight_gb']:.2f} GB"
-                + diag if "error" not in t else t["error"]))
+                    register_grouped_backend(forced)
+                try:
+                    t = model_times(model, device, prefill, new, reps, mode)
+                except Exception as e:  # noqa: BLE001 - reported, not fatal
+                    t = dict(error=f"{type(e).__name__}: {e}"[:300])
+                finally:
+                    if forced is not None:
+                        unregister_grouped_backend(forced.name)
+                row = dict(model=label, compiled=mode, layers=layers, weight_gb=weight_gb(model), **t)
+                rows.append(row)
+                diag = (f"  graph breaks {t['graph_breaks']}, graphs {t['graphs']}, cudagraph skips {t['cudagraph_skips']}"
+                        f" (first generate {t['first_generate_s']:.0f} s)" if mode and "error" not in t else "")
+                print(f"{label:24s} {'compiled' if mode else 'eager   '} " + (
+                    f"prefill {t['prefill_tok_s']:9.0f} tok/s  decode {t['decode_tok_s']:7.1f} tok/s  "
+                    f"weights {row['weight_gb']:.2f} GB" + diag if "error" not in t else t["error"]))
+        del model
+        torch.compiler.reset()
+        gc.collect()
+        if _cuda(device):
+            torch.cuda.empty_cache()
     return rows
 
 
