@@ -102,12 +102,12 @@ def build_eval_batches(model: nn.Module, eval_data, tokenizer, *, seq_len: int =
 
 
 @contextlib.contextmanager
-def _quantized_in_place(model, targets, scheme, observers, gptq, cache):
+def _quantized_in_place(model, targets, scheme, observers, gptq, cache, act_order=None):
     """``model`` with ``targets`` swapped for FP8Linear inside the block, its own modules after it.
     Yields a one-element list holding the seconds the swap took."""
     t0 = time.perf_counter()
     try:
-        apply_quantization(model, dict(targets), scheme, observers, gptq=gptq, cache=cache)
+        apply_quantization(model, dict(targets), scheme, observers, gptq=gptq, cache=cache, act_order=act_order)
         yield [time.perf_counter() - t0]
     finally:
         for name, lin in targets.items():
@@ -137,6 +137,8 @@ def compare_schemes(
     output_dir: str | os.PathLike | None = None,
     progress: bool = True,
     calib_dtype: torch.dtype | None = None,
+    hessian_tokens: int | None = None,
+    act_order: bool | None = None,
 ) -> ComparisonTable:
     """Quantize ``model`` with each scheme and compare them against the unquantized model.
 
@@ -159,6 +161,8 @@ def compare_schemes(
         progress: tqdm progress bars.
         calib_dtype: dtype of the calibration forwards (``None`` = the model's; ``torch.bfloat16`` is
             ~3x faster on a CPU with AMX); evaluation always runs in the model's dtype.
+        hessian_tokens / act_order: GPTQ's ``H`` token cap and column order, as for ``quantize_model``
+            (``None``: every calibration token, act-order on; ``4096`` / ``False``: the earlier defaults).
 
     Returns:
         a :class:`~fp8_linear.calibration.report.ComparisonTable`: baseline row first, one row per scheme.
@@ -179,13 +183,18 @@ def compare_schemes(
     notes = {"eval_data": "bundled eval split (pydoc_data)" if eval_data is None else None,
              "eval_dtype": str(dtype).replace("torch.", ""), "calib_dtype": str(calib_dtype or dtype).replace("torch.", ""),
              "gptq": gptq, "schemes": {s.name: s.__dict__ for s in schemes}}
+    if gptq:
+        from . import gptq as gptq_mod  # the defaults as they are when called
+
+        notes.update(gptq_act_order=gptq_mod.ACT_ORDER if act_order is None else bool(act_order),
+                     gptq_hessian_tokens=gptq_mod.MAX_TOKENS if hessian_tokens is None else hessian_tokens)
     observers, t_cal = None, 0.0
     experts, experts_obs = select_experts(model, ignore), {}  # fused MoE experts (docs/moe.md)
     if gptq or any(s.static for s in schemes):
         t0 = time.perf_counter()
         batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size, model=model)
         observers = calibrate(model, targets, batches, progress=progress, histogram=needs_histogram(schemes), hessian=gptq,
-                              dtype=calib_dtype)
+                              dtype=calib_dtype, hessian_tokens=hessian_tokens)
         experts_obs = calibrate_experts(model, experts, batches, progress=progress) if experts else {}
         t_cal = time.perf_counter() - t0
         notes.update(calib_samples=sum(b.input_ids.shape[0] for b in batches), calib_tokens=sum(b.num_tokens for b in batches),
@@ -197,7 +206,7 @@ def compare_schemes(
     t0 = time.perf_counter()
     with torch.no_grad():  # every preset's weight scales and GPTQ rounding, in one pass
         prepare_weights(targets, schemes, observers, gptq, weight_cache,
-                        progress=f"GPTQ {', '.join(names)}" if progress and gptq else None)
+                        progress=f"GPTQ {', '.join(names)}" if progress and gptq else None, act_order=act_order)
     t_weights = time.perf_counter() - t0
     notes["weights_s"] = round(t_weights, 2)
     try:
@@ -209,14 +218,14 @@ def compare_schemes(
                 # quantize the model itself (no copy: the reloaded checkpoint is what gets evaluated),
                 # save, and put its own Linear modules back
                 path = os.path.join(ckpt_root, s.name)
-                with _quantized_in_place(model, targets, s, observers, gptq, weight_cache) as t_apply, \
+                with _quantized_in_place(model, targets, s, observers, gptq, weight_cache, act_order) as t_apply, \
                         experts_quantized_in_place(model, experts, s, experts_obs):
                     save_quantized(model, path, tokenizer=tokenizer, overwrite=True)
                 q = load_quantized(path, dtype=dtype).eval()
                 extra[s.name] = {"quantize_s": t_apply[0], "checkpoint_mb": _folder_mb(path)}
             else:
                 q = copy.deepcopy(model)
-                apply_quantization(q, select_linears(q, ignore), s, observers, gptq=gptq, cache=weight_cache)
+                apply_quantization(q, select_linears(q, ignore), s, observers, gptq=gptq, cache=weight_cache, act_order=act_order)
                 apply_experts_quantization(q, select_experts(q, ignore), s, experts_obs)
                 extra[s.name] = {"quantize_s": time.perf_counter() - t0}
             # calibration and the weight pass are shared: each preset is charged all of both

@@ -19,13 +19,14 @@ Speed (a 2-core CPU quantizes SmolLM2-135M with every preset in one pass):
 Column order ("act-order", as in the GPTQ reference code's ``--act-order``): columns are quantized
 in order of decreasing ``H[i, i]`` (the inputs with the most energy first), so the error of the
 large-input columns is spread over the many columns that follow instead of the few that remain.
-Measured, off by default (:data:`ACT_ORDER`; every function here takes ``act_order``): all-MiniLM-L6-v2
-fp8-channel with 1024 calibration sentences, mean cosine 0.99816 -> 0.99836
-(``benchmarks/minilm_fidelity.py``); SmolLM2 main job (16 windows) KL lower for every preset
-(-5% to -13%), but perplexity vs fp32 worse for fp8-dynamic (+1.29% -> +1.87%) and fp8-block
-(+1.35% -> +1.84%), which would break the bar "best preset within +1.5%"
-(``benchmarks/results/compare_smollm2_cpu_20261129_w16`` vs ``..._w16_actorder``).
+On by default (:data:`ACT_ORDER`; every function here takes ``act_order``), with ``H`` from every
+calibration token (:data:`MAX_TOKENS` ``None``): on SmolLM2-135M, measured on three texts neither
+the calibration nor the choice of a default saw, the two together lower KL against the unquantized
+model by 5-9% (fp8-channel) and 9-14% (fp8-tensor) compared with the natural order and ``H`` from 4096
+tokens (docs/calibration.md, ``benchmarks/calibration_ablation.py``). The earlier recipe is
+``act_order=False, hessian_tokens=4096`` (``quantize_model``, ``compare_schemes``).
 
+Memory: one ``[in, in]`` fp64 matrix (plus its factor) per distinct layer input.
 Memory: one ``[in, in]`` fp64 matrix (plus its factor) per distinct layer input.
 """
 
@@ -42,31 +43,43 @@ from .observers import single_thread
 DAMP = 0.01
 #: Columns processed per lazy-update block.
 BLOCK = 32
-#: Tokens folded into each H: accumulating H costs 2 * in^2 flops per token and layer input, as much
-#: as the forward pass itself for SmolLM2; 4096 tokens keep H full-rank for widths up to 4096.
-MAX_TOKENS = 4096
+#: Tokens folded into each H when a caller passes ``max_tokens=None``: ``None`` = every calibration
+#: token (accumulating H costs 2 * in^2 flops per token and layer input, about as much as the forward
+#: pass itself for SmolLM2). An int caps it (the earlier default was 4096).
+MAX_TOKENS: int | None = None
 #: Quantize columns in order of decreasing ``H[i, i]`` when a caller passes ``act_order=None`` (see the
-#: module docstring: off, because it did not help both bundled models).
-ACT_ORDER = False
+#: module docstring: lower KL on every unseen text measured, with ``H`` from every token).
+ACT_ORDER = True
+
+
+def check_token_cap(value, name: str = "max_tokens") -> None:
+    """Raise ``ValueError`` unless ``value`` is ``None`` (no cap) or a positive int (tokens per ``H``)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ValueError(f"{name}: expected a positive number of tokens or None (every token), got {value!r}")
 
 
 class HessianAccumulator:
-    """``H = sum x x^T`` (fp64 ``[in, in]``) over at most :data:`MAX_TOKENS` input rows ``x`` ``[tokens, in]``."""
+    """``H = sum x x^T`` (fp64 ``[in, in]``) over the input rows ``x`` ``[tokens, in]``: every row, or at
+    most ``max_tokens`` (``None``: :data:`MAX_TOKENS`, read when the accumulator is made; ``None`` there
+    too = no cap)."""
 
     def __init__(self, in_features: int, max_tokens: int | None = None, device: torch.device | str | None = None):
         self.h = torch.zeros(in_features, in_features, dtype=torch.float64, device=device)
         self.tokens = 0
+        check_token_cap(max_tokens)
         self.max_tokens = MAX_TOKENS if max_tokens is None else max_tokens  # read at call time
         self._factor: tuple | None = None  # (tokens, damp, act_order, U, dead, perm), see inverse_factor
 
     def update(self, x: torch.Tensor) -> None:
         """Fold the rows of ``x`` (``[tokens, in]``, any device: ``H`` moves to it on the first update)
-        into ``H``, up to ``max_tokens`` in total. On CUDA, bf16/fp16 inputs are multiplied in TF32,
+        into ``H`` (up to ``max_tokens`` in total when it is set). On CUDA, bf16/fp16 inputs are multiplied in TF32,
         which holds them exactly (exact products, fp32 sums); fp32 inputs in full fp32."""
-        room = self.max_tokens - self.tokens
-        if room <= 0:
-            return
-        x = x.reshape(-1, x.shape[-1])[:room]
+        x = x.reshape(-1, x.shape[-1])
+        if self.max_tokens is not None:
+            room = self.max_tokens - self.tokens
+            if room <= 0:
+                return
+            x = x[:room]
         if self.tokens == 0 and self.h.device != x.device:
             self.h = self.h.to(x.device)
         exact_in_tf32 = x.dtype in (torch.bfloat16, torch.float16)  # 7 / 10 mantissa bits: TF32 holds them
@@ -113,16 +126,19 @@ def column_order_factor(h: torch.Tensor, damp: float | None = None, act_order: b
     if not (ACT_ORDER if act_order is None else act_order):
         return (*inverse_factor(h, damp), None)
     perm = torch.argsort(torch.diagonal(h), descending=True, stable=True)
-    return (*inverse_factor(h[perm][:, perm], damp), perm)
+    return (*inverse_factor(h, damp, perm), perm)
 
 
-def inverse_factor(h: torch.Tensor, damp: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def inverse_factor(h: torch.Tensor, damp: float | None = None, perm: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """The GPTQ factor of ``h``: ``U`` upper-triangular with ``U^T U = (H + damp * mean(diag H) * I)^-1``.
 
     Args:
         h: ``sum x x^T``, ``[in, in]`` (fp64). Inputs that never fire (zero diagonal, "dead") get
             ``H[i, i] = 1`` so the factor exists; their weights are zeroed by the caller.
         damp: dampening, as a fraction of the mean diagonal (``None``: :data:`DAMP`, read at call time).
+        perm: int64 ``[in]``: the factor of ``h[perm][:, perm]`` (bitwise), without a permuted copy of
+            ``h`` besides the one the factorization needs anyway.
 
     Returns:
         ``(U, dead)``: ``U`` fp32 ``[in, in]`` upper-triangular, ``dead`` bool ``[in]``.
@@ -132,11 +148,15 @@ def inverse_factor(h: torch.Tensor, damp: float | None = None) -> tuple[torch.Te
     triangular inverse (``U`` has a positive diagonal, so it *is* the Cholesky factor of ``H^-1``).
     """
     damp = DAMP if damp is None else damp
-    dead = torch.diag(h) == 0
+    dead = torch.diag(h) == 0 if perm is None else torch.diag(h)[perm] == 0
     # GPU memory: besides ``h`` itself at most two [in, in] fp64 matrices are alive at a time (3.1 GiB
     # for Llama-3-8B's 14336-wide down_proj): the flipped copy and the factor, then the factor and the
     # identity that the triangular solve overwrites in place.
-    h = h.flip(0, 1)  # a copy
+    if perm is None:
+        h = h.flip(0, 1)  # a copy
+    else:  # the permutation and the reversal in one gather: P_rev h[perm][:, perm] P_rev
+        rev = perm.flip(0).to(h.device)
+        h = h.index_select(0, rev).index_select(1, rev)  # the row gather is freed before the factor
     d = torch.diagonal(h)  # the flip keeps the diagonal on the diagonal, reversed
     d[dead.flip(0)] = 1.0
     d += damp * d.mean()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .gptq import HessianAccumulator
+from .gptq import HessianAccumulator, check_token_cap
 from .observers import ActivationObserver
 
 
@@ -19,10 +19,11 @@ class ObserverHooks:
     Per batch, call :meth:`begin_batch` with the flattened attention mask first: padding rows
     (``mask == False``) never reach an observer. With ``hessian``, consecutive targets fed the very
     same input tensor (q/k/v, gate/up) share one :class:`HessianAccumulator` (created on the
-    input's device, at most ``hessian_tokens`` tokens).
+    input's device, every token or at most ``hessian_tokens``, a positive int; else ``ValueError``).
     """
 
     def __init__(self, observers: dict[str, ActivationObserver], hessian: bool = False, hessian_tokens: int | None = None):
+        check_token_cap(hessian_tokens, "hessian_tokens")
         self.observers = observers
         self.hessian = hessian
         self.hessian_tokens = hessian_tokens

@@ -137,7 +137,8 @@ def calibrate(
         dtype: run the forwards on a copy of the model in this dtype (e.g. ``torch.bfloat16``: about
             3x faster than fp32 on a CPU with AMX); statistics are still kept in fp32/fp64. ``None``
             (default): the model as it is. The model itself is never changed.
-        hessian_tokens: tokens folded into each ``H`` (``None``: :data:`~fp8_linear.calibration.gptq.MAX_TOKENS`).
+        hessian_tokens: tokens folded into each ``H`` (``None``: :data:`~fp8_linear.calibration.gptq.MAX_TOKENS`,
+            every calibration token).
 
     Returns:
         one :class:`ActivationObserver` per target name. Padding positions (``attention_mask == 0``)
@@ -200,6 +201,7 @@ def apply_quantization(
     gptq: bool = False,
     cache: dict | None = None,
     progress: str | None = None,
+    act_order: bool | None = None,
 ) -> nn.Module:
     """Replace each ``targets`` module of ``model`` (in place) by ``FP8Linear.from_linear``.
 
@@ -209,10 +211,12 @@ def apply_quantization(
     ``gptq=True`` rounds the weights with GPTQ error compensation (needs observers calibrated with
     ``hessian=True``); the scales are unchanged. ``cache`` (a dict the caller keeps) reuses weight
     scales and GPTQ weights across calls on copies of the same model with the same weight recipe.
-    ``progress``: label of a tqdm bar over the GPTQ pass (``None``: no bar).
+    ``progress``: label of a tqdm bar over the GPTQ pass (``None``: no bar). ``act_order``: GPTQ's
+    column order (``None``: :data:`~fp8_linear.calibration.gptq.ACT_ORDER`, on).
     """
     scheme = resolve_scheme(scheme)
-    scales, rounded = prepare_weights(targets, [scheme], observers, gptq, cache, progress)[_weight_key(scheme, gptq)]
+    scales, rounded = prepare_weights(targets, [scheme], observers, gptq, cache, progress,
+                                      act_order)[_weight_key(scheme, gptq, act_order)]
     rounded = dict(rounded)
     for name, lin in targets.items():
         amax = None
@@ -229,13 +233,16 @@ def apply_quantization(
     return model
 
 
-def _weight_key(scheme: QuantScheme, gptq: bool) -> tuple:
+def _weight_key(scheme: QuantScheme, gptq: bool, act_order: bool | None = None) -> tuple:
     """What a scheme's FP8 weights depend on (e.g. fp8-channel and fp8-dynamic share their weights)."""
-    return (scheme.weight_granularity, scheme.weight_observer, scheme.fmt, gptq)
+    from . import gptq as gptq_mod  # ACT_ORDER read at call time
+
+    order = (gptq_mod.ACT_ORDER if act_order is None else bool(act_order)) if gptq else None
+    return (scheme.weight_granularity, scheme.weight_observer, scheme.fmt, gptq, order)
 
 
 def prepare_weights(targets: dict[str, nn.Linear], schemes, observers=None, gptq: bool = False,
-                    cache: dict | None = None, progress: str | None = None) -> dict:
+                    cache: dict | None = None, progress: str | None = None, act_order: bool | None = None) -> dict:
     """Weight scales (and GPTQ-rounded fp32 weights) of every distinct weight recipe among ``schemes``.
 
     Returns (and stores in ``cache`` when given) ``{key: (scales, rounded)}``: ``scales[name]`` of the
@@ -245,11 +252,13 @@ def prepare_weights(targets: dict[str, nn.Linear], schemes, observers=None, gptq
     all recipes of one FP8 format go through a single GPTQ column sweep per distinct layer input
     (:func:`~fp8_linear.calibration.gptq.gptq_fp8_many`), so quantizing with every preset costs about
     one sweep, not one per preset. ``progress``: label of a tqdm bar over the GPTQ sweeps (``None``: no bar).
+    ``act_order``: GPTQ's column order (``None``: :data:`~fp8_linear.calibration.gptq.ACT_ORDER`); part of
+    the cache key.
     """
     cache = {} if cache is None else cache
     todo: dict[tuple, QuantScheme] = {}
     for s in schemes:
-        key = _weight_key(resolve_scheme(s), gptq)
+        key = _weight_key(resolve_scheme(s), gptq, act_order)
         if key not in cache:
             todo.setdefault(key, resolve_scheme(s))
     scales = {key: {n: weight_scale(lin.weight.detach(), s.weight_granularity, s.fmt, s.weight_observer)
@@ -258,10 +267,11 @@ def prepare_weights(targets: dict[str, nn.Linear], schemes, observers=None, gptq
         _align_scales(targets, todo, scales, observers)
     for fmt in {s.fmt for s in todo.values()}:
         keys = [k for k, s in todo.items() if s.fmt == fmt]
-        rounded = _gptq_weights(targets, [scales[k] for k in keys], observers, fmt, progress) if gptq else [{} for _ in keys]
+        rounded = (_gptq_weights(targets, [scales[k] for k in keys], observers, fmt, progress, act_order) if gptq
+                   else [{} for _ in keys])
         for k, r in zip(keys, rounded):
             cache[k] = (scales[k], r)
-    return {k: cache[k] for k in (_weight_key(resolve_scheme(s), gptq) for s in schemes)}
+    return {k: cache[k] for k in (_weight_key(resolve_scheme(s), gptq, act_order) for s in schemes)}
 
 
 def _hessian(observers, name: str) -> HessianAccumulator | None:
@@ -290,7 +300,8 @@ def _align_scales(targets, todo: dict, scales: dict, observers) -> None:
                                                             s.weight_granularity, s.fmt)
 
 
-def _gptq_weights(targets, scales_list, observers, fmt, progress: str | None = None) -> list[dict[str, torch.Tensor]]:
+def _gptq_weights(targets, scales_list, observers, fmt, progress: str | None = None,
+                  act_order: bool | None = None) -> list[dict[str, torch.Tensor]]:
     """GPTQ-rounded fp32 weights per target, one dict per entry of ``scales_list`` (one weight
     recipe each); layers sharing one input (one H) and all recipes are stacked and solved at once."""
     groups: dict[int, list[str]] = {}
@@ -308,7 +319,7 @@ def _gptq_weights(targets, scales_list, observers, fmt, progress: str | None = N
             continue  # too few tokens for a reliable H: GPTQ would overfit them; round to nearest
         ws = [targets[n].weight.detach().float() for n in names]
         res = gptq_fp8_many([w for _ in scales_list for w in ws], hess,
-                            [sc[n] for sc in scales_list for n in names], fmt)
+                            [sc[n] for sc in scales_list for n in names], fmt, act_order=act_order)
         for r, o in enumerate(out):
             o.update(zip(names, res[r * len(names):(r + 1) * len(names)]))
     return out
@@ -331,6 +342,7 @@ def quantize_model(
     device: "torch.device | str | None" = None,
     offload_activations: bool = False,
     hessian_tokens: int | None = None,
+    act_order: bool | None = None,
     max_kl: float | None = None,
 ) -> nn.Module:
     """Quantize a transformers model to FP8 in place and return it.
@@ -361,7 +373,11 @@ def quantize_model(
         device: where ``layerwise`` runs each layer (default: ``"cuda"`` when available, else the
             model's device). Without ``layerwise`` calibration runs where the model is.
         offload_activations: ``layerwise`` only: keep the hidden states between layers on the CPU.
-        hessian_tokens: tokens folded into each GPTQ ``H`` (``None``: :data:`~fp8_linear.calibration.gptq.MAX_TOKENS`).
+        hessian_tokens: tokens folded into each GPTQ ``H`` (``None``: :data:`~fp8_linear.calibration.gptq.MAX_TOKENS`,
+            every calibration token; ``4096`` is the earlier default).
+        act_order: GPTQ quantizes columns by decreasing input energy ``H[i, i]`` (``None``:
+            :data:`~fp8_linear.calibration.gptq.ACT_ORDER`, on; ``False``: the natural order, the
+            earlier default). Measured on unseen text in docs/calibration.md.
         max_kl: an accuracy budget (causal LMs): keep the fewest layers in high precision so that
             ``KL(unquantized || quantized)`` per token, measured on a held-out slice of the calibration
             batches, plus one standard error, is at most this many nats (layers ranked on other
@@ -385,7 +401,7 @@ def quantize_model(
             raise ValueError("max_kl: not supported with layerwise=True (the budget search runs whole-model forwards)")
         return _quantize_to_budget(model, targets, calib_data, tokenizer, scheme, gptq, max_kl, progress=progress,
                                    seq_len=seq_len, max_samples=max_samples, batch_size=batch_size,
-                                   calib_dtype=calib_dtype, hessian_tokens=hessian_tokens)
+                                   calib_dtype=calib_dtype, hessian_tokens=hessian_tokens, act_order=act_order)
     if (device is not None or offload_activations) and not layerwise:
         raise ValueError("device/offload_activations: only used with layerwise=True (otherwise calibration runs where the model is)")
     observers = batches = None
@@ -397,17 +413,17 @@ def quantize_model(
     if layerwise and batches is not None:  # the fused MoE experts too, with their decoder layer
         return _quantize_layerwise(model, targets, batches, scheme, gptq, device=device, progress=progress,
                                    offload_activations=offload_activations, hessian_tokens=hessian_tokens,
-                                   calib_dtype=calib_dtype, ignore=ignore)
+                                   calib_dtype=calib_dtype, ignore=ignore, act_order=act_order)
     from .experts import quantize_experts  # fused MoE experts (docs/moe.md); a no-op without them
 
     quantize_experts(model, scheme, batches, ignore=ignore, progress=progress)
     with torch.no_grad():
         return apply_quantization(model, targets, scheme, observers, gptq=gptq,
-                                  progress=f"GPTQ {scheme.name}" if progress and gptq else None)
+                                  progress=f"GPTQ {scheme.name}" if progress and gptq else None, act_order=act_order)
 
 
 def _quantize_to_budget(model, targets, calib_data, tokenizer, scheme, gptq, max_kl, *, progress, seq_len, max_samples,
-                        batch_size, calib_dtype, hessian_tokens):
+                        batch_size, calib_dtype, hessian_tokens, act_order=None):
     """quantize_model's ``max_kl`` path (:mod:`~fp8_linear.calibration.mixed_precision`)."""
     from tqdm.auto import tqdm
 
@@ -427,7 +443,7 @@ def _quantize_to_budget(model, targets, calib_data, tokenizer, scheme, gptq, max
                           dtype=calib_dtype, hessian_tokens=hessian_tokens) if (scheme.static or gptq) else None
     originals = dict(targets)
     with torch.no_grad():
-        apply_quantization(model, targets, scheme, observers, gptq=gptq)
+        apply_quantization(model, targets, scheme, observers, gptq=gptq, act_order=act_order)
     quantized = {n: model.get_submodule(n) for n in originals}
     report = mp.keep_to_budget(model, quantized, originals, hold, refs, float(max_kl), _set_module, rank, rank_refs)
     model.fp8_mixed_precision = report
@@ -437,7 +453,7 @@ def _quantize_to_budget(model, targets, calib_data, tokenizer, scheme, gptq, max
 
 
 def _quantize_layerwise(model, targets, batches, scheme, gptq, *, device, progress, offload_activations, hessian_tokens,
-                        calib_dtype, ignore):
+                        calib_dtype, ignore, act_order=None):
     """quantize_model's ``layerwise`` path: calibrate, GPTQ and swap each decoder layer while it is on ``device``;
     the layer's fused MoE experts are observed in the same pass and swapped for ``FP8Experts`` with it
     (the scales of :func:`~fp8_linear.calibration.experts.quantize_experts`, its minimum-token fallback)."""
@@ -460,7 +476,7 @@ def _quantize_layerwise(model, targets, batches, scheme, gptq, *, device, progre
             check_observed({n: observers[n] for n in linears})
         with torch.no_grad():
             if linears:
-                apply_quantization(model, linears, scheme, observers, gptq=gptq)
+                apply_quantization(model, linears, scheme, observers, gptq=gptq, act_order=act_order)
             swap_experts(model, {n: m for n, m in layer_targets.items() if n in experts}, scheme, experts)
         for n in linears:  # H is large ([in, in] fp64 on the GPU): free it with its layer
             observers[n].hessian = None

@@ -87,8 +87,11 @@ def test_loose_budget_keeps_nothing():
 
 
 def test_sensitivity_predicts_single_layer_restores():
-    """The first-order ranking agrees with measuring each restore: the most sensitive layer by the
-    gradient estimate is among the three whose restore lowers the measured KL most."""
+    """The first-order ranking agrees with measuring each restore: over all 21 layers the two rankings
+    are rank-correlated (Spearman), and the three layers the gradient estimate ranks first, restored
+    one at a time, lower the measured KL almost as much as the three best measured restores do (the
+    search keeps the estimate's top layers; measured: rho 0.77, 98% with act-order, rho 0.81, 100%
+    without)."""
     model, rows = _llama(), _rows()
     batches = materialize_batches(rows, batch_size=4)
     cal, hold = split_holdout(batches)
@@ -105,8 +108,14 @@ def test_sensitivity_predicts_single_layer_restores():
         setattr(q.get_submodule(parent), child, originals[n])
         drop[n] = kl_all - measure_kl(q, hold, refs)
         setattr(q.get_submodule(parent), child, fp8)
-    best = max(sens, key=sens.get)
-    assert best in sorted(drop, key=drop.get, reverse=True)[:3]
+    n = len(sens)
+    rank_s = {k: i for i, k in enumerate(sorted(sens, key=sens.get))}
+    rank_d = {k: i for i, k in enumerate(sorted(drop, key=drop.get))}
+    rho = 1 - 6 * sum((rank_s[k] - rank_d[k]) ** 2 for k in sens) / (n * (n * n - 1))
+    assert n == 21 and rho > 0.6, rho
+    top3 = sorted(sens, key=sens.get, reverse=True)[:3]
+    best3 = sorted(drop.values(), reverse=True)[:3]
+    assert sum(drop[k] for k in top3) >= 0.9 * sum(best3) > 0, (top3, drop)
 
 
 @pytest.mark.parametrize("bad", [-0.1, float("nan"), float("inf"), "0.1"])
