@@ -149,14 +149,23 @@ SWAP64_DBL_CONFIG = 16
 SWAP64_DBL_MIN_N_BLOCKS = 16
 SWAP64_DBL_MIN_K = 2048
 
-#: The swapped decode configs' twins with 64-row weight tiles (configs 17-19: one consumer warpgroup,
-#: docs/kernel-log.md v30). At M = 1 a 128-row grid streams the weight through ceil(N / 128) CTAs, and
-#: each SM takes in about 90 GB/s (H200, decode quick set of 2026-12-01: 4096 x 4096 on 32 CTAs 9.0 us,
-#: 1.9 TB/s; cuBLASLt 7.2 us through 64 CTAs), so below about 48 busy SMs the grid, not HBM, sets the
-#: time. :func:`select_config` takes the twin (not for block scales: ROWS64_BLOCK) where its
-#: grid still fits one wave (ceil(N / 64) column tiles <= the SMs) and the 128-row config would not split
-#: K (where it splits, select_splits has already spread the work over the SMs; that choice stays).
+#: The decode configs with 64-row weight tiles (configs 17-19: one consumer warpgroup, docs/kernel-log.md
+#: v30, v31). At M = 1 a 128-row grid streams the weight through ceil(N / 128) CTAs, and each SM takes in
+#: about 90 GB/s (H200, decode quick set of 2026-12-01: 4096 x 4096 on 32 CTAs 9.0 us, 1.9 TB/s; cuBLASLt
+#: 7.2 us through 64 CTAs), so below about 48 busy SMs the grid, not HBM, sets the time. For M <=
+#: ROWS64_MAX_M :func:`select_config` takes the one of them whose grid has the most tiles that still fit
+#: one wave (ceil(N / 64) x ceil(M / BN) <= the SMs; the narrower tile on a tie), unless the 128-row choice
+#: splits K (select_splits has spread that one over the SMs already) or the launch has block scales
+#: (ROWS64_BLOCK). Measured (H200, 2026-12-01, `python -m benchmarks.gemm_bench --mode splitk --set decode
+#: --ms 1,2,4,8,16,32,64,128 --splits 2,3,4,6,8 --configs 1,2,3,16,17,18,19`, 296 shapes of the decode
+#: set's 10 models), geomean cuBLASLt / ours with the v30 rule (one twin per M bucket, M <= 64) -> this
+#: one: M = 32 0.892 -> 0.929, M = 64 0.811 -> 0.881, M = 128 0.780 -> 0.849 (e.g. 4096 x 4096 at M = 64:
+#: config 19 9.8 us, 18 8.8; 896 x 896: config 7 4.9 us, 17 3.3), M <= 16 unchanged.
+ROWS64_IDS = (17, 18, 19)
+#: Each 64-row config's 128-row twin: the same tile width and schedule on twice the rows (config 19
+#: gives config 16's bits, tests/kernels/test_sm90_gpu.py).
 ROWS64_TWIN = {1: 17, 2: 18, SWAP64_DBL_CONFIG: 19}
+ROWS64_MAX_M = 128
 #: Whether block-scaled launches take the twins too (their block instances exist and are forced by id in
 #: the tests; not yet run on the device, so the block path keeps configs 1 / 2 / 3 for now).
 ROWS64_BLOCK = False
@@ -173,6 +182,11 @@ SPLIT_MAX_BUSY_FRACTION = 0.25
 #: k-blocks per tile, or half the SMs already busy, the partials' round trip and the second launch
 #: (1-6 us) cost more than the extra SMs give.
 MIN_KB_PER_SPLIT = 24
+#: ...and on the 64-row configs, whose grids split only where N is small (at most SPLIT_MAX_BUSY_FRACTION
+#: of the SMs busy: N <= 2112 at M <= 16): Qwen2.5-0.5B down (896 x 4864, 38 k-blocks, 14 tiles) at
+#: M = 1 7.3 us unsplit, 4.8 in 3 splits, 4.6 in 6 (cuBLASLt 8.8); 2048 x 2048 and 1536 x 1536 (16 and 12
+#: k-blocks) are faster unsplit (splitk sweep of 2026-12-01, docs/kernel-log.md v31).
+MIN_KB_PER_SPLIT_ROWS64 = 12
 #: Upper bound of the split factor that select_splits picks by itself...
 MAX_SPLITS = 16
 #: ...and of any split factor, FP8_LINEAR_SM90_SPLITS included (the binding refuses more).
@@ -218,7 +232,7 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
     wgmma's M side (swap A/B) with the narrowest tile that covers M, so no tensor-core work is spent on
     padding rows (for 32 < M <= 64 the two-accumulator tile SWAP64_DBL_CONFIG where N or K is large
     enough, or config 3 with block scales); where that 128-row grid would leave SMs idle, its 64-row twin
-    (:func:`_rows64`, ROWS64_TWIN). Otherwise the fastest of LARGE_M_CANDIDATES by
+    (:func:`_rows64`, for M <= ROWS64_MAX_M). Otherwise the fastest of LARGE_M_CANDIDATES by
     :func:`estimated_cost` (128 x 128 or 128 x 144 with two accumulators, or 128 x 192).
 
     ``swap_ok``: the launch has a per-tensor scale_a and a 16-bit output, what the swapped large-M
@@ -241,12 +255,20 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
             return config(forced)
         except ValueError as e:
             raise ValueError(f"{ENV_CONFIG}={forced!r}: {e}") from None
+    base = _select_rows128(m, n, k, num_sms, swap_ok, block)
+    if m > ROWS64_MAX_M or (block and not ROWS64_BLOCK) or select_splits(base, m, n, k, num_sms) > 1:
+        return base
+    return _rows64(m, n, num_sms) or base
+
+
+def _select_rows128(m: int, n: int, k: int, num_sms: int, swap_ok: bool, block: bool) -> KernelConfig:
+    """:func:`select_config`'s choice among the configs of 128-row tiles."""
     if m <= 16:
-        return _rows64(CONFIG_BY_ID[1], m, n, k, num_sms, block)
+        return CONFIG_BY_ID[1]
     if m <= 32:
-        return _rows64(CONFIG_BY_ID[2], m, n, k, num_sms, block)
+        return CONFIG_BY_ID[2]
     if m <= 64 and not block and (-(-n // BLOCK_M) >= SWAP64_DBL_MIN_N_BLOCKS or k >= SWAP64_DBL_MIN_K):
-        return _rows64(CONFIG_BY_ID[SWAP64_DBL_CONFIG], m, n, k, num_sms, block)
+        return CONFIG_BY_ID[SWAP64_DBL_CONFIG]
     if m <= 64 and -(-n // BLOCK_M) >= SWAP64_MIN_N_BLOCKS:
         return CONFIG_BY_ID[3]
     if block:
@@ -257,14 +279,15 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
     return best
 
 
-def _rows64(cfg: KernelConfig, m: int, n: int, k: int, num_sms: int, block: bool) -> KernelConfig:
-    """``cfg`` (a swapped decode config of 128-row tiles) or its 64-row twin (ROWS64_TWIN): the twin where
-    the twin's tiles fit in one wave of ``num_sms``, ``cfg`` would not split K (:func:`select_splits`) and
-    the launch has no block scales (unless ROWS64_BLOCK)."""
-    twin = CONFIG_BY_ID[ROWS64_TWIN[cfg.id]]
-    if (block and not ROWS64_BLOCK) or tiles(twin, m, n) > num_sms or select_splits(cfg, m, n, k, num_sms) > 1:
-        return cfg
-    return twin
+def _rows64(m: int, n: int, num_sms: int) -> KernelConfig | None:
+    """The config of ROWS64_IDS whose grid has the most tiles within one wave of ``num_sms`` (the
+    narrower tile on a tie), or None where none fits (N > 64 x ``num_sms``)."""
+    best, best_tiles = None, 0
+    for cid in ROWS64_IDS:
+        t = tiles(CONFIG_BY_ID[cid], m, n)
+        if best_tiles < t <= num_sms:
+            best, best_tiles = CONFIG_BY_ID[cid], t
+    return best
 
 
 def _fastest(candidates: tuple[tuple[int, float, float], ...], m: int, n: int, k: int, num_sms: int) -> KernelConfig:
@@ -293,7 +316,7 @@ def select_splits(config: KernelConfig, m: int, n: int, k: int, num_sms: int = 1
 
     When the output tiles fill at most SPLIT_MAX_BUSY_FRACTION of the SMs (decode and short prefill
     shapes: e.g. M = 64, N = 4096 is 32 tiles on 132 SMs), K is cut into up to ``num_sms // tiles``
-    ranges of at least MIN_KB_PER_SPLIT k-blocks, so that more SMs share the work; each split writes
+    ranges of at least MIN_KB_PER_SPLIT k-blocks (MIN_KB_PER_SPLIT_ROWS64 on the 64-row configs), so that more SMs share the work; each split writes
     its fp32 partial sums to a workspace and one small kernel sums them with the bias into the output.
     Only configs with split-K kernel instances (``split_k``: 1, 2, 3, 7, 10) split. ``FP8_LINEAR_SM90_SPLITS`` overrides (as an
     upper bound; 1 turns split K off).
@@ -307,5 +330,6 @@ def select_splits(config: KernelConfig, m: int, n: int, k: int, num_sms: int = 1
     t = tiles(config, m, n)
     if t > num_sms * SPLIT_MAX_BUSY_FRACTION:
         return 1
-    want = min(num_sms // t, num_kb // MIN_KB_PER_SPLIT, MAX_SPLITS)
+    min_kb = MIN_KB_PER_SPLIT_ROWS64 if config.block_m == 64 else MIN_KB_PER_SPLIT
+    want = min(num_sms // t, num_kb // min_kb, MAX_SPLITS)
     return split_count(num_kb, want)

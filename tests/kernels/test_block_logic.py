@@ -47,10 +47,8 @@ def test_block_choice_is_the_per_tensor_model(monkeypatch):
     decode tile (no block instances) falls back to its four-accumulator twin; elsewhere the cheapest of
     the block candidates by the same cost model."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
-    rows128 = {twin: base for base, twin in configs.ROWS64_TWIN.items()}
     for m, n, k in SWEEP:
-        plain = configs.select_config(m, n, k)
-        plain = configs.CONFIG_BY_ID[rows128.get(plain.id, plain.id)]
+        plain = configs._select_rows128(m, n, k, 132, False, False)
         blk = configs.select_config(m, n, k, block=True)
         if plain.id == configs.SWAP64_DBL_CONFIG and -(-n // 128) >= configs.SWAP64_MIN_N_BLOCKS:
             assert blk.id == 3, (m, n, k)

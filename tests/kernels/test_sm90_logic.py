@@ -104,35 +104,41 @@ def test_can_run_valid_cpu_problem_needs_cuda():
 
 # ---------------------------------------------------------------- config selection
 def test_select_config_small_m_small_problem(monkeypatch):
-    """32 < M <= 64 with few row blocks and short K (Qwen2.5-0.5B's 1152 x 896): config 7, which measured
-    ahead of the 64-wide swapped tiles there (kernels/configs.py SWAP64_DBL_MIN_N_BLOCKS)."""
+    """32 < M <= 64 with few row blocks and short K (Qwen2.5-0.5B's 1152 x 896): among the 128-row tiles
+    config 7 (measured ahead of the 64-wide swapped tiles there: SWAP64_DBL_MIN_N_BLOCKS), and over all
+    of them the 64-row tile 16 wide (18 x 4 = 72 tiles; measured 3.4 us against config 7's 5.0)."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
+    assert configs._select_rows128(64, 1152, 896, 132, False, False).id == 7
+    assert configs.select_config(64, 1152, 896).id == 17
     base = configs.CONFIG_BY_ID[configs.SWAP64_DBL_CONFIG]
-    # its 64-row twin (14 / 32 tiles: one wave) unless the 128-row tile splits K (test_rows64_twins)
-    for n, k in ((896, 4864), (2048, 896)):  # long K; 16 row blocks
-        want = base.id if configs.select_splits(base, 64, n, k) > 1 else configs.ROWS64_TWIN[base.id]
-        assert configs.select_config(64, n, k).id == want
-    assert configs.select_config(64, 1152, 896).id == 7
+    # long K / 16 row blocks: config 16 among the 128-row tiles; a 64-row tile unless 16 splits K
+    for n, k in ((896, 4864), (2048, 896)):
+        assert configs._select_rows128(64, n, k, 132, False, False) == base
+        c = configs.select_config(64, n, k)
+        assert c == base if configs.select_splits(base, 64, n, k) > 1 else c.block_m == 64
 
 
 @pytest.mark.parametrize("m, n, cid, bm, bn, swap", [
     (1, 4096, 17, 64, 16, True), (16, 4096, 17, 64, 16, True),      # 64 tiles of 64 rows
     (1, 8448, 17, 64, 16, True), (1, 8449, 1, 128, 16, True),       # 132 tiles of 64 rows fit, 133 do not
     (1, 28672, 1, 128, 16, True),                                   # 224 tiles of 128: every SM busy
-    (17, 4096, 18, 64, 32, True), (32, 4096, 18, 64, 32, True), (32, 10240, 2, 128, 32, True),
-    (33, 4096, 19, 64, 64, True), (64, 6144, 19, 64, 64, True), (33, 6272, 19, 64, 64, True),
-    (64, 10240, 16, 128, 64, True), (65, 4096, 7, 128, 128, False), (4096, 4096, 7, 128, 128, False),
+    (17, 4096, 17, 64, 16, True), (32, 4096, 17, 64, 16, True),     # 64 x 2 = 128 tiles 16 wide fit
+    (32, 4224, 17, 64, 16, True), (32, 4225, 18, 64, 32, True),     # 66 x 2 = 132 fit, 67 x 2 do not
+    (32, 10240, 2, 128, 32, True),                                  # 160 x 64-row tiles: too many
+    (33, 4096, 18, 64, 32, True), (64, 6144, 19, 64, 64, True), (33, 6272, 19, 64, 64, True),
+    (64, 10240, 16, 128, 64, True), (65, 4096, 19, 64, 64, True), (128, 4096, 19, 64, 64, True),
+    (128, 896, 17, 64, 16, True), (129, 4096, 7, 128, 128, False), (4096, 4096, 7, 128, 128, False),
     (8192, 4096, 7, 128, 128, False)])
 def test_select_config(m, n, cid, bm, bn, swap, monkeypatch):
-    """The tile for M and N, split K off (where the 128-row decode tile splits K it is kept instead of its
-    64-row twin: test_rows64_twins)."""
+    """The tile for M and N, split K off: up to ROWS64_MAX_M the 64-row tile with the most tiles in one
+    wave (where the 128-row choice splits K it is kept: test_rows64_twins)."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     monkeypatch.setenv(configs.ENV_SPLITS, "1")
     c = configs.select_config(m, n, 4096)
     assert (c.id, c.block_m, c.block_n, c.swap_ab) == (cid, bm, bn, swap)
-    # a swapped tile must cover M in one column block
-    if c.swap_ab:
+    # a swapped 128-row tile covers M in one column block
+    if c.swap_ab and c.block_m == 128:
         assert m <= c.block_n
 
 
@@ -155,8 +161,9 @@ def test_select_config_wave_model(monkeypatch):
     assert configs.select_config(4096, 8192, 28672).id == 10
     # M = 512, N = 6144: 192 tiles of 128 x 128 need 2 waves, 128 tiles of 128 x 192 one
     assert configs.select_config(512, 6144, 4096).id == 6
-    # one wave either way (few tiles): the narrower tile finishes first
-    assert configs.select_config(128, 4096, 4096).id == 7
+    # one wave either way (few tiles): the narrower tile finishes first (among the 128-row tiles; over
+    # all of them the 64-row tile 64 wide, 128 tiles: test_select_config)
+    assert configs._select_rows128(128, 4096, 4096, 132, False, False).id == 7
     # short K: 18 waves of 128 x 128 against 16 of 128 x 144, and config 10's wider epilogue (2.25
     # k-blocks a tile) weighs more over 10 k-blocks (measured: config 7 1-4% faster, kernel-log v18-v20)
     assert configs.select_config(6144, 6144, 1280).id == 7
