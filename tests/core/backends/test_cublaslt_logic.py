@@ -57,3 +57,16 @@ def test_pad_rows_keeps_values_and_fills():
     pa, ps = cl._pad_rows(a, 4, 0.0), cl._pad_rows(s, 4, 1.0)
     assert pa.shape == (4, 32) and torch.equal(pa[:1].view(torch.uint8), a.view(torch.uint8)) and not pa[1:].float().any()
     assert ps.shape == (4, 1) and torch.equal(ps[:1], s) and torch.equal(ps[1:], torch.ones(3, 1))
+
+
+def test_row_scales_are_handed_to_cublaslt_16_byte_aligned():
+    """A row slice of a larger scale tensor (one expert's tokens) starts mid-vector; cuBLASLt needs its
+    scale pointers 16-byte aligned, so such a slice is copied and an aligned one is passed as it is."""
+    import fp8_linear.backends.cublaslt as C
+
+    scales = torch.rand(64, 1)
+    sliced = scales[1:9]
+    assert sliced.data_ptr() % C.SCALE_ALIGN_BYTES != 0
+    fixed = C._aligned(sliced)
+    assert fixed.data_ptr() % C.SCALE_ALIGN_BYTES == 0 and torch.equal(fixed, sliced)
+    assert C._aligned(scales) is scales
