@@ -27,6 +27,7 @@ from benchmarks.common.fp8_swap import calibrate, decoder_linears, fp8_layers, s
 from benchmarks.common.generate_clock import reset_compiled, timed_generate
 from benchmarks.common.random_model import MODELS, build_model, prompt_ids
 from benchmarks.common.results import environment, write_json
+from fp8_linear import fuse_projections, unfuse_projections
 
 #: Kernel categories, first match wins (regular expressions on the kernel name).
 CATEGORIES = (
@@ -149,6 +150,8 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=8, help="tokens per generate call (default %(default)s)")
     ap.add_argument("--extra-tokens", type=int, default=16,
                     help="decode steps that the longer of the two profiled calls adds (default %(default)s)")
+    ap.add_argument("--fuse", action="store_true",
+                    help="also each preset with q/k/v and gate/up fused (fp8_linear.fuse_projections): <preset>+fused")
     ap.add_argument("--out", default=None, help="folder of the JSON (default benchmarks/results)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -158,14 +161,20 @@ def main(argv=None) -> int:
     bf16 = decoder_linears(model)
     amax = calibrate(model)
     results = {}
-    for preset in ["bf16", *[p for p in args.presets.split(",") if p]]:
+    presets = [p for p in args.presets.split(",") if p]
+    paths = ["bf16", *presets, *([f"{p}+fused" for p in presets] if args.fuse else [])]
+    for path in paths:
+        preset, fused = path.removesuffix("+fused"), path.endswith("+fused")
         if preset != "bf16":
             swap_in(model, fp8_layers(bf16, preset, amax))
+            if fused:
+                fuse_projections(model)
         for b in batches:
             reset_compiled(model)
             r = profile_decode(model, b, args.prompt, args.new_tokens, args.extra_tokens)
-            results[f"{preset}/b{b}"] = r
-            print_cell(preset, b, r)
+            results[f"{path}/b{b}"] = r
+            print_cell(path, b, r)
+        unfuse_projections(model)
         swap_in(model, bf16)
         reset_compiled(model)
     rows = [dict(path=k, **v) for k, v in results.items()]
