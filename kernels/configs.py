@@ -318,7 +318,7 @@ def select_splits(config: KernelConfig, m: int, n: int, k: int, num_sms: int = 1
     shapes: e.g. M = 64, N = 4096 is 32 tiles on 132 SMs), K is cut into up to ``num_sms // tiles``
     ranges of at least MIN_KB_PER_SPLIT k-blocks (MIN_KB_PER_SPLIT_ROWS64 on the 64-row configs), so that more SMs share the work; each split writes
     its fp32 partial sums to a workspace and one small kernel sums them with the bias into the output.
-    Only configs with split-K kernel instances (``split_k``: 1, 2, 3, 7, 10) split. ``FP8_LINEAR_SM90_SPLITS`` overrides (as an
+    Only configs with split-K kernel instances (``split_k``: 1, 2, 3, 7, 10, 16-19) split. ``FP8_LINEAR_SM90_SPLITS`` overrides (as an
     upper bound; 1 turns split K off).
     """
     if not config.split_k:
