@@ -11,7 +11,9 @@ Three evaluation texts, none of them seen by the calibration (the embedded corpu
   different authors and subject, never used to choose; its SHA-256 is logged.
 
 Each text gives ``--windows`` windows of 512 tokens, evenly spaced over the text. Every model runs in
-bf16 against the unquantized bf16 model. A variant changes one calibration step against the defaults:
+bf16 against the unquantized bf16 model. A variant changes one calibration step against a recipe
+(``default`` in a name = the recipe before act-order and ``H`` from every token became the package
+defaults, i.e. ``H`` from 4096 tokens, natural column order; ``H 16k, act-order`` = the package defaults):
 GPTQ on/off, the per-row grid alignment (``calibration/scale_align.py``) on/off, GPTQ damping, act-order,
 the number of tokens in ``H``, calibration windows, the activation observer, and headroom on the static
 activation amax. Each variant's result (perplexity, paired per-window NLL, KL, top-1) is appended to
@@ -91,7 +93,8 @@ def fake_quant(model):
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One calibration recipe. Defaults = the package defaults at the time of writing."""
+    """One calibration recipe. Field defaults = the recipe named ``default`` in the variant names: the
+    package defaults before act-order and ``H`` from every token became them (``H 16k, act-order``)."""
 
     name: str
     scheme: str
@@ -103,6 +106,7 @@ class Variant:
     h_tokens: int = 4096            # tokens folded into each H (gptq.MAX_TOKENS)
     act_observer: str = "minmax"
     act_headroom: float = 1.0       # static activation amax multiplied by this
+    weight_observer: str = "minmax"
 
 
 def variants() -> list[Variant]:
@@ -125,6 +129,14 @@ def variants() -> list[Variant]:
         Variant("D RTN (no GPTQ)", d, gptq=False), Variant("D H 16k, no align", d, align=False, h_tokens=16384),
         Variant("T H 16k, damp 0.1", t, h_tokens=16384, damp=0.1),
         Variant("C H 16k, no align, act-order", c, align=False, h_tokens=16384, act_order=True),
+        # on top of the package defaults (H from every token, act-order): fp8-dynamic's column order,
+        # then the observers (the static activation scale; per-channel weight ranges)
+        Variant("D H 16k, act-order", d, h_tokens=16384, act_order=True),
+        Variant("C H 16k, act-order, act mse", c, h_tokens=16384, act_order=True, act_observer="mse"),
+        Variant("T H 16k, act-order, act mse", t, h_tokens=16384, act_order=True, act_observer="mse"),
+        Variant("C H 16k, act-order, act percentile", c, h_tokens=16384, act_order=True, act_observer="percentile"),
+        Variant("T H 16k, act-order, act percentile", t, h_tokens=16384, act_order=True, act_observer="percentile"),
+        Variant("C H 16k, act-order, weight mse", c, h_tokens=16384, act_order=True, weight_observer="mse"),
     ]
 
 
@@ -149,9 +161,10 @@ def eval_texts(tok, windows: int) -> dict[str, list[Batch]]:
     return {k: to_batches(spread_windows(t, tok, windows)) for k, t in texts.items()}
 
 
-def calibrate_with_snapshots(model, targets, batches, h_tokens: list[int]) -> dict:
+def calibrate_with_snapshots(model, targets, batches, h_tokens: list[int], histogram: bool = False) -> dict:
     """One calibration over ``batches``; each observer keeps ``hessians[n]`` = a copy of its ``H``
-    after the first ``n`` tokens for every ``n`` in ``h_tokens`` (so one pass serves every H size)."""
+    after the first ``n`` tokens for every ``n`` in ``h_tokens`` (so one pass serves every H size).
+    ``histogram``: also keep the ``|x|`` histograms (the ``percentile`` and ``mse`` activation observers)."""
     orig = gptq.HessianAccumulator.update
 
     def update(self, x):
@@ -163,7 +176,7 @@ def calibrate_with_snapshots(model, targets, batches, h_tokens: list[int]) -> di
 
     gptq.HessianAccumulator.update = update
     try:
-        obs = calibrate(model, targets, batches, progress=False, histogram=False, hessian=True, hessian_tokens=max(h_tokens))
+        obs = calibrate(model, targets, batches, progress=False, histogram=histogram, hessian=True, hessian_tokens=max(h_tokens))
     finally:
         gptq.HessianAccumulator.update = orig
     for o in obs.values():
@@ -197,7 +210,7 @@ def build(model, v: Variant, observers):
     scale_align.ALIGN_CANDIDATES = scale_align.ALIGN_CANDIDATES if v.align else 1
     try:
         q = copy.deepcopy(model)
-        scheme = resolve_scheme(v.scheme).with_(activation_observer=v.act_observer)
+        scheme = resolve_scheme(v.scheme).with_(activation_observer=v.act_observer, weight_observer=v.weight_observer)
         obs = observers
         if v.act_headroom != 1.0:
             obs = {n: copy.copy(o) for n, o in observers.items()}
@@ -276,7 +289,8 @@ def run(args) -> None:
     t0 = time.time()
     batches = materialize_batches(None, tok, seq_len=SEQ_LEN, max_samples=CALIB_WINDOWS, batch_size=4)
     cal, hold = batches[:-HOLDOUT_WINDOWS // 4], batches[-HOLDOUT_WINDOWS // 4:]
-    observers = calibrate_with_snapshots(model, targets, cal, sorted({v.h_tokens for v in wanted}))
+    observers = calibrate_with_snapshots(model, targets, cal, sorted({v.h_tokens for v in wanted}),
+                                         histogram=any(v.act_observer != "minmax" for v in wanted))
     print(f"calibrated in {time.time() - t0:.0f} s", flush=True)
     for v in wanted:
         t0 = time.time()
