@@ -56,9 +56,6 @@ DEFAULT_COLUMNS = {
     "block": ("ours_block", "cublas_block", "ours", "bf16"),
 }
 DEFAULT_SET = {"burst": "design", "steady": "judged", "decode": "decode", "splitk": "design", "block": "design"}
-#: (peer, ours) pairs whose time ratio is printed and summarized.
-RATIOS = (("cublas_t", "ours"), ("cublas_row", "ours_row"), ("cublas_block", "ours_block"), ("bf16", "ours"),
-          ("ours", "ours_block"))
 #: Per-mode timing defaults: rounds, do_bench rep (ms), burn-in (s) before each candidate.
 TIMING = {"burst": (3, 40, 0.0), "steady": (2, 400, 0.5), "decode": (3, 0, 0.0),
           "splitk": (2, 50, 0.1), "raster": (2, 200, 0.3), "block": (2, 150, 0.4)}

@@ -46,7 +46,7 @@ def test_block_mode_times_small_m_in_graphs_and_large_m_steady():
     assert p.columns == ["ours_block", "cublas_block", "ours", "bf16"] and len(p.shapes) == 56
     assert [R.in_graphs(p, m) for m in (1, 512, 2048, 8192)] == [True, True, False, False]
     assert not R.in_graphs(plan_of("--mode", "steady"), 1) and R.in_graphs(plan_of("--mode", "decode"), 4096)
-    assert ("ours", "ours_block") in G.RATIOS  # the block path's cost against our per-tensor path
+    assert ("ours", "ours_block") in R.RATIOS  # the block path's cost against our per-tensor path
 
 
 def test_decode_plan_splits_by_model_and_m():
@@ -109,7 +109,7 @@ def test_candidates_rotate_fresh_copies_and_report_what_cannot_run():
 
 def _row(m, us, na=None, cost=None):
     row = {"layer": "x", "M": m, "N": 4096, "K": 4096, "config": "7", "us": us, "na": na or {}, "ratios": {}}
-    for peer, mine in G.RATIOS:
+    for peer, mine in R.RATIOS:
         if us.get(peer) and us.get(mine):
             row["ratios"][R.ratio_name(peer, mine)] = us[peer] / us[mine]
     if cost is not None:
@@ -121,7 +121,7 @@ def test_summary_geomeans_per_m_with_the_worst_shape():
     cols = ["ours", "ours_ch", "cublas_t", "ours_block"]
     rows = [_row(1, {"ours": 10.0, "cublas_t": 20.0}), _row(1, {"ours": 10.0, "cublas_t": 5.0}),
             _row(4096, {"ours": 100.0, "cublas_t": 110.0, "ours_ch": 101.0}, cost=0.01)]
-    s = R.summarize(rows, G.RATIOS, cols)
+    s = R.summarize(rows, R.RATIOS, cols)
     assert s["M=1"]["cublas_t/ours"]["geomean"] == pytest.approx(1.0)
     assert s["M=1"]["cublas_t/ours"]["worst"] == pytest.approx(0.5) and s["M=1"]["cublas_t/ours"]["shapes"] == 2
     assert s["M>=2048"]["cublas_t/ours"]["geomean"] == pytest.approx(1.1)

@@ -20,7 +20,6 @@ LIBRARIES = ("common", "tools")
 #: Imports of an entry point by another module that remain, each with what it imports. The list only
 #: shrinks: when one is moved into benchmarks/common/, the test fails until its entry is deleted here.
 KNOWN = {
-    ("gemm_run", "gemm_bench"): "RATIOS",
     ("minilm_fidelity", "calibration_time"): "Log",
     ("mixed_precision_budget", "calibration_ablation"): "Reference, to_batches, spread_windows",
 }
