@@ -18,36 +18,25 @@ import argparse
 import copy
 import datetime
 import os
+import pathlib
 import sys
 import time
 
 import torch
 
-import fp8_linear
-from fp8_linear.calibration import quantize as qmod
-from fp8_linear.cli import pick_threads
-from fp8_linear.models import load_model
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: the repository root, for ``benchmarks.common``
+    sys.path.insert(0, str(ROOT))
+
+import fp8_linear  # noqa: E402
+from benchmarks.common.log import Log  # noqa: E402
+from fp8_linear.calibration import quantize as qmod  # noqa: E402
+from fp8_linear.cli import pick_threads  # noqa: E402
+from fp8_linear.models import load_model  # noqa: E402
 
 #: The issue's bar for 32 x 512 tokens on a 2-core CPU.
 BAR_S = 60.0
 PRESETS = ("fp8-tensor", "fp8-channel", "fp8-dynamic", "fp8-block")
-
-
-class Log:
-    """Print lines as they come (``log(line)``) and keep them for :meth:`write` (shared by the benchmarks here)."""
-
-    def __init__(self):
-        self.lines: list[str] = []
-
-    def __call__(self, line: str) -> None:
-        print(line, flush=True)
-        self.lines.append(line)
-
-    def write(self, path: str) -> None:
-        """Write every line so far to ``path`` (its folder is created)."""
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            f.write("\n".join(self.lines) + "\n")
 
 
 class _StageTimer:

@@ -45,6 +45,8 @@ import argparse
 import copy
 import datetime
 import os
+import pathlib
+import sys
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -53,7 +55,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from calibration_time import Log  # noqa: E402  (benchmarks/ is the script's folder)
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: the repository root, for ``benchmarks.common``
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.common.log import Log  # noqa: E402
 
 from fp8_linear import FP8Linear, quantize_model  # noqa: E402
 from fp8_linear.calibration import gptq as gptq_mod  # noqa: E402

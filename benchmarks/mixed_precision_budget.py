@@ -31,7 +31,7 @@ for p in (ROOT, ROOT / "benchmarks"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from calibration_ablation import Reference, to_batches, spread_windows  # noqa: E402
+from benchmarks.common.eval_windows import Reference, spread_windows, to_batches  # noqa: E402
 
 from fp8_linear import FP8Linear, quantize_model  # noqa: E402
 from fp8_linear.calibration.data import corpus_text, materialize_batches  # noqa: E402

@@ -19,10 +19,7 @@ BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
 LIBRARIES = ("common", "tools")
 #: Imports of an entry point by another module that remain, each with what it imports. The list only
 #: shrinks: when one is moved into benchmarks/common/, the test fails until its entry is deleted here.
-KNOWN = {
-    ("minilm_fidelity", "calibration_time"): "Log",
-    ("mixed_precision_budget", "calibration_ablation"): "Reference, to_batches, spread_windows",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def top_level() -> set[str]:
