@@ -36,8 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-#: cuBLASLt's alignment of operand and scale pointers (bytes).
-SCALE_ALIGN = 16
+from fp8_linear.backends.cublaslt import SCALE_ALIGN_BYTES as SCALE_ALIGN  # cuBLASLt's scale-pointer alignment
 #: Block calls: rows padded to a multiple of this (as ``fp8_linear.backends.cublaslt.BLOCK_M_ALIGN``).
 BLOCK_M_ALIGN = 4
 KINDS = ("tensor", "channel", "block")

@@ -140,7 +140,7 @@ def _block_layout(device: torch.device) -> tuple[bool, str, str]:
 SCALE_ALIGN_BYTES = 16
 
 
-def _aligned(scale: torch.Tensor) -> torch.Tensor:
+def aligned_scale(scale: torch.Tensor) -> torch.Tensor:
     """``scale`` itself, or a copy where its data pointer is not SCALE_ALIGN_BYTES-aligned."""
     return scale if scale.data_ptr() % SCALE_ALIGN_BYTES == 0 else scale.clone()
 
@@ -159,8 +159,8 @@ def cublaslt_gemm(a, b, scale_a, scale_b, bias, out_dtype: torch.dtype) -> torch
     elif ka in ROW_KINDS or kb in ROW_KINDS:
         # torch._scaled_mm takes both scales row-wise ([M, 1] and [1, N]) or both per-tensor.
         family = "row"
-        sa = _aligned(scale_a.float().reshape(-1, 1).expand(m, 1).contiguous())
-        sb = _aligned(scale_b.float().reshape(1, -1).expand(1, n).contiguous())
+        sa = aligned_scale(scale_a.float().reshape(-1, 1).expand(m, 1).contiguous())
+        sb = aligned_scale(scale_b.float().reshape(1, -1).expand(1, n).contiguous())
     else:
         family = "tensor"
         sa, sb = scale_a.float().reshape(()), scale_b.float().reshape(())

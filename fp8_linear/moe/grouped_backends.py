@@ -16,23 +16,22 @@ from __future__ import annotations
 
 import torch
 
+from ..backends.cublaslt import SCALE_ALIGN_BYTES, aligned_scale
 from ..gemm import make_problem, run_problem
 from ..grouped_gemm import A_ROW, A_TENSOR, B_CHANNEL, B_TENSOR, GroupedBackend, GroupedProblem
 from .sm90_grouped import SM90_GROUPED
 
 #: Compute capability majors on which torch ships ``_scaled_grouped_mm`` kernels (sm90, sm100).
 TORCH_GROUPED_MAJORS = (9, 10)
-#: Byte alignment of row strides and base pointers the grouped CUTLASS kernels need.
-ALIGN = 16
+#: Byte alignment of row strides and base pointers the grouped CUTLASS kernels need (cuBLASLt's, too).
+ALIGN = SCALE_ALIGN_BYTES
 
 
 def aligned_rows(t: torch.Tensor, start: int, end: int) -> torch.Tensor:
     """Rows ``start:end`` of a per-row scale ``t`` ``[M, C]``: a view where it starts :data:`ALIGN`-byte
-    aligned, else a copy. cuBLASLt's outer-vector (row-wise) scaling, which torch uses on sm90 with
-    cuBLAS >= 12.9, refuses scale pointers that are not 16-byte aligned with ``CUBLAS_STATUS_NOT_SUPPORTED``
-    (pytorch/pytorch#159957), and a slice starting at row ``start`` sits ``4 * start`` bytes in."""
-    rows = t[start:end]
-    return rows if rows.data_ptr() % ALIGN == 0 else rows.clone()
+    aligned, else a copy (:func:`~fp8_linear.backends.cublaslt.aligned_scale`: a slice starting at row
+    ``start`` sits ``4 * start`` bytes in, and cuBLASLt's row-wise scaling refuses such a pointer)."""
+    return aligned_scale(t[start:end])
 
 
 class PerExpertBackend(GroupedBackend):

@@ -67,6 +67,6 @@ def test_row_scales_are_handed_to_cublaslt_16_byte_aligned():
     scales = torch.rand(64, 1)
     sliced = scales[1:9]
     assert sliced.data_ptr() % C.SCALE_ALIGN_BYTES != 0
-    fixed = C._aligned(sliced)
+    fixed = C.aligned_scale(sliced)
     assert fixed.data_ptr() % C.SCALE_ALIGN_BYTES == 0 and torch.equal(fixed, sliced)
-    assert C._aligned(scales) is scales
+    assert C.aligned_scale(scales) is scales
