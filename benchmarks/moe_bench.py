@@ -50,6 +50,7 @@ from fp8_linear.grouped_gemm import (
 )
 from fp8_linear.moe.grouped_backends import PER_EXPERT, SM90_GROUPED, TORCH_GROUPED
 
+from benchmarks.common.random_model import from_fields
 from benchmarks.moe_loop import ScaledMMLoop
 
 #: Qwen3-30B-A3B (public config.json values); ``--layers`` cuts the depth.
@@ -275,20 +276,6 @@ def print_gemm_table(rows: list[dict]) -> None:
 
 
 # ------------------------------------------------------------------------------------------- model
-def build_model(cfg: dict, layers: int, device):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    fields = dict(cfg)
-    conf = AutoConfig.for_model(fields.pop("model_type"), **fields)
-    conf.num_hidden_layers = layers
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(conf, dtype=torch.bfloat16).eval()
-    model.generation_config.pad_token_id = 0
-    model.generation_config.eos_token_id = None
-    return model
-
-
 def _wall(fn, device) -> float:
     if _cuda(device):
         torch.cuda.synchronize()
@@ -354,7 +341,7 @@ def model_part(cfg, layers, device, prefill, new, reps, compiled, quick: bool = 
     groups = (("bf16", [("bf16", None)]),
               ("fp8-dynamic", [("fp8-dynamic grouped", None), ("fp8-dynamic per_expert", PER_EXPERT)]))
     for scheme, variants in groups:
-        model = build_model(cfg, layers, device)
+        model = from_fields(cfg, layers, device)
         if scheme != "bf16":
             model = quantize_model(model, None, scheme, progress=False, gptq=False)
         for mode in modes:
@@ -424,9 +411,9 @@ def quality_part() -> list[dict]:
         data = torch.tensor(list(corpus_text(split).encode("utf-8")), dtype=torch.int64)
         return [data[i * seq:(i + 1) * seq] for i in range(n)]
 
-    moe = build_model(QUALITY_MOE, 2, "cpu").float()
+    moe = from_fields(QUALITY_MOE, 2, "cpu").float()
     dense_cfg = {k: v for k, v in QUALITY_MOE.items() if k not in QUALITY_DENSE_DROP}
-    dense = build_model(dict(dense_cfg, model_type="qwen3"), 2, "cpu").float()
+    dense = from_fields(dict(dense_cfg, model_type="qwen3"), 2, "cpu").float()
     calib = text("calib", 16, 128)
     ev = text("eval", 8, 256)
     batches = [Batch(torch.stack(ev[i:i + 4]), torch.ones(4, 256, dtype=torch.int64)) for i in range(0, 8, 4)]
