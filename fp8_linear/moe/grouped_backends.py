@@ -16,22 +16,14 @@ from __future__ import annotations
 
 import torch
 
-from ..backends.cublaslt import SCALE_ALIGN_BYTES, aligned_scale
 from ..gemm import make_problem, run_problem
 from ..grouped_gemm import A_ROW, A_TENSOR, B_CHANNEL, B_TENSOR, GroupedBackend, GroupedProblem
 from .sm90_grouped import SM90_GROUPED
 
 #: Compute capability majors on which torch ships ``_scaled_grouped_mm`` kernels (sm90, sm100).
 TORCH_GROUPED_MAJORS = (9, 10)
-#: Byte alignment of row strides and base pointers the grouped CUTLASS kernels need (cuBLASLt's, too).
-ALIGN = SCALE_ALIGN_BYTES
-
-
-def aligned_rows(t: torch.Tensor, start: int, end: int) -> torch.Tensor:
-    """Rows ``start:end`` of a per-row scale ``t`` ``[M, C]``: a view where it starts :data:`ALIGN`-byte
-    aligned, else a copy (:func:`~fp8_linear.backends.cublaslt.aligned_scale`: a slice starting at row
-    ``start`` sits ``4 * start`` bytes in, and cuBLASLt's row-wise scaling refuses such a pointer)."""
-    return aligned_scale(t[start:end])
+#: Byte alignment of row strides and base pointers the grouped CUTLASS kernels need.
+ALIGN = 16
 
 
 class PerExpertBackend(GroupedBackend):
@@ -52,7 +44,7 @@ class PerExpertBackend(GroupedBackend):
         for e, end in enumerate(p.offsets.tolist()):
             if end <= start:
                 continue
-            sa = p.scale_a if p.scale_a_kind == A_TENSOR else aligned_rows(p.scale_a, start, end)
+            sa = p.scale_a if p.scale_a_kind == A_TENSOR else p.scale_a[start:end]  # aligned by cublaslt where needed
             bias = None if p.bias is None else p.bias[e]
             dense = make_problem(p.a[start:end], p.b[e], sa, p.expert_scale_b(e), bias, p.out_dtype, check_values=False)
             out[start:end] = run_problem(dense)

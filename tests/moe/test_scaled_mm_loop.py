@@ -10,7 +10,7 @@ import torch
 
 from benchmarks.moe_loop import BLOCK_M_ALIGN, SCALE_ALIGN, ScaledMMLoop, aligned, expert_spans, loop_plan
 from fp8_linear.grouped_gemm import grouped_fp8_gemm, offsets_from_counts
-from fp8_linear.moe.grouped_backends import aligned_rows
+from fp8_linear.backends.cublaslt import aligned_scale
 from helpers import KERNEL_FLOOR, calc_diff, random_fp8, random_scale, rounding_bar
 from test_grouped_gemm import COUNTS, _scale_a, _scale_b, reference64
 
@@ -103,11 +103,12 @@ def test_plan_rejects_an_unknown_kind_and_a_wrong_number_of_ends():
         loop_plan(a, b, sa, sb, ends[:-1], "channel")
 
 
-def test_per_expert_backend_hands_the_dense_gemm_aligned_scale_rows():
-    """The grouped fallback slices the same [M, 1] scales per expert: copies where a slice is unaligned."""
+def test_per_expert_scale_rows_reach_cublaslt_aligned():
+    """The grouped fallback slices the same [M, 1] scales per expert; the cuBLASLt backend it reaches copies a
+    slice that is unaligned and keeps an aligned one a view."""
     sa = random_scale((40, 1))
     for start in range(9):
-        rows = aligned_rows(sa, start, start + 5)
+        rows = aligned_scale(sa[start:start + 5])
         assert rows.data_ptr() % SCALE_ALIGN == 0 and torch.equal(rows, sa[start:start + 5])
         if sa[start:].data_ptr() % SCALE_ALIGN == 0:
             assert rows.data_ptr() == sa[start:].data_ptr(), "an aligned slice stays a view"
