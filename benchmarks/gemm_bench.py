@@ -125,15 +125,14 @@ def make_plan(args: argparse.Namespace) -> Plan:
     mode = args.mode
     if args.shapes:
         shapes = S.parse_shapes(args.shapes)
-    elif mode == "splitk" and args.set == "decode":
+    elif ((mode == "splitk" and args.set == "decode")
+          or (mode == "decode" and (args.ms or args.models) and args.set in (None, "decode"))):
         models = tuple(m.strip() for m in args.models.split(",") if m.strip()) or None
-        shapes = S.decode_set(tuple(S.parse_ints(args.ms or SPLITK_MS, "--ms")), models)
+        default = SPLITK_MS if mode == "splitk" else ""
+        shapes = S.decode_set(tuple(S.parse_ints(args.ms or default, "--ms")) or S.DECODE_MS, models)
     elif mode in ("splitk", "block") and not args.set:
         default = SPLITK_MS if mode == "splitk" else BLOCK_MS
         shapes = S.small_m_set(tuple(S.parse_ints(args.ms or default, "--ms")) or (1,))
-    elif mode == "decode" and (args.ms or args.models) and (args.set in (None, "decode")):
-        models = tuple(m.strip() for m in args.models.split(",") if m.strip()) or None
-        shapes = S.decode_set(tuple(S.parse_ints(args.ms, "--ms")) or S.DECODE_MS, models)
     elif mode == "raster":
         shapes = S.parse_shapes(RASTER_SHAPES)[: 2 if args.quick else None]
     else:
