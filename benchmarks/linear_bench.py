@@ -4,6 +4,7 @@ least 1.0x at M = 1 and 16).
 
     python -m benchmarks.linear_bench --out benchmarks/results                 # 70B + 8B layers, M 1 / 16 / 4096
     python -m benchmarks.linear_bench --models 70b --ms 1,4096 --presets fp8-block
+    python -m benchmarks.linear_bench --models Qwen2.5-7B,Llama-3.2-1B --ms 1,16 # any decode-set model, or Qwen2.5-7B
 
 Timing: M < 2048 in CUDA graphs (each layer's weight is read from HBM: a graph replays calls over
 ``copies`` layer copies that together span at least ``--rotate-mb``), M >= 2048 steady state
@@ -22,6 +23,7 @@ import time
 import torch
 
 from benchmarks.common import operands as O
+from benchmarks.common.shapes import DECODE_MODELS, ModelDims
 from benchmarks.common import timing as T
 from benchmarks.common.results import environment
 
@@ -29,7 +31,25 @@ from benchmarks.common.results import environment
 LAYERS = (("70b", "qkv", 10240, 8192), ("70b", "o", 8192, 8192), ("70b", "gate_up", 57344, 8192),
           ("70b", "down", 8192, 28672), ("8b", "qkv", 6144, 4096), ("8b", "o", 4096, 4096),
           ("8b", "gate_up", 28672, 4096), ("8b", "down", 4096, 14336))
+#: A served model outside the decode set (its qkv, 4608 x 3584, is the shape the decode bar was filed on).
+QWEN25_7B = ModelDims("Qwen2.5-7B", 3584, 18944, 28, 4, 128)
 PRESETS = ("fp8-tensor", "fp8-channel", "fp8-dynamic", "fp8-block")
+
+
+def layers_of(models: list[str]) -> list[tuple[str, str, int, int]]:
+    """``(model, layer, N, K)`` of each named model: ``70b`` / ``8b`` (:data:`LAYERS`), a model of the
+    decode set (``benchmarks.common.shapes.DECODE_MODELS``, fused qkv and gate_up) or ``Qwen2.5-7B``."""
+    dims = {d.name: d for d in (*DECODE_MODELS, QWEN25_7B)}
+    unknown = [m for m in models if m not in dims and m not in {row[0] for row in LAYERS}]
+    if unknown:
+        raise SystemExit(f"linear_bench: unknown models {unknown}; expected 70b, 8b or one of {sorted(dims)}")
+    out = []
+    for model in models:
+        if model in dims:
+            out += [(model, layer.split(" ", 1)[1], n, k) for layer, n, k in dims[model].linear_nk()]
+        else:
+            out += [row for row in LAYERS if row[0] == model]
+    return out
 STEADY_M = 2048
 
 
@@ -90,9 +110,7 @@ def main(argv=None) -> int:
     rows = []
     print(f"FP8Linear vs BF16 nn.Linear, us per call (activation quantization included); ratio bf16 / preset")
     print(f"{'layer':14s} {'M':>5s} {'bf16':>8s} " + " ".join(f"{p:>12s} {'x':>5s}" for p in presets))
-    for model, name, n, k in LAYERS:
-        if model not in models:
-            continue
+    for model, name, n, k in layers_of(models):
         for m in ms:
             row = measure(n, k, m, presets, args.rotate_mb, args.rounds)
             row["layer"] = f"{model} {name}"
