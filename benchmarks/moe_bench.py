@@ -21,7 +21,8 @@ Two parts, one run (docs/moe.md):
    ``--compile`` (with ``--quick`` or ``--compiled-only``: BF16 and FP8 grouped only; graph breaks and
    CUDA graph skips counted); BF16 (transformers' experts implementation) against
    ``quantize_model(..., fp8-dynamic)`` with the grouped GEMM's own choice and with the per-expert
-   fallback forced.
+   fallback forced. ``--profile-prefill`` replaces the timings by a profile of one eager prefill forward,
+   BF16 against fp8-dynamic (:mod:`benchmarks.moe_profile`).
 
 Writes a table and ``benchmarks/results/moe-<UTC stamp>[-quick].json``.
 
@@ -30,6 +31,7 @@ Writes a table and ``benchmarks/results/moe-<UTC stamp>[-quick].json``.
     python -m benchmarks.moe_bench --quick --compile   # + compiled decode, BF16 against FP8 at batch 1
     python -m benchmarks.moe_bench --quick --compile --compiled-only --skip-gemm --layers 4   # compiled decode only
     python -m benchmarks.moe_bench --layers 8 --compile
+    python -m benchmarks.moe_bench --quick --skip-gemm --profile-prefill   # where a 512-token prefill's time goes
     python -m benchmarks.moe_bench --tiny       # a toy size, to check the script (also on a CPU)
     python -m benchmarks.moe_bench --quality    # CPU: accuracy of every preset on a tiny Qwen3-MoE vs its dense twin
 """
@@ -326,24 +328,39 @@ def weight_gb(model) -> float:
     return sum(t.numel() * t.element_size() for t in model.parameters()) / 1e9
 
 
+def each_model(cfg, layers, device, schemes=("bf16", "fp8-dynamic")):
+    """Yield ``(scheme, model)`` for each scheme, one model on the device at a time: each is built from the
+    same seed (``fp8-*``: then quantized by ``quantize_model`` with the grouped GEMM's experts) and freed
+    before the next is built (48 layers are 61 GB in BF16); the caller drops its reference before asking
+    for the next."""
+    import gc
+
+    from fp8_linear import quantize_model
+
+    for scheme in schemes:
+        model = from_fields(cfg, layers, device)
+        if scheme != "bf16":
+            model = quantize_model(model, None, scheme, progress=False, gptq=False)
+        yield scheme, model
+        del model
+        torch.compiler.reset()
+        gc.collect()
+        if _cuda(device):
+            torch.cuda.empty_cache()
+
+
 def model_part(cfg, layers, device, prefill, new, reps, compiled, quick: bool = False,
                compiled_only: bool = False) -> list[dict]:
     """Part 2: BF16 (transformers' experts implementation) against fp8-dynamic (the grouped GEMM's choice,
     and the per-expert fallback forced), eager and (``compiled``) compiled; ``quick`` compiles BF16 and FP8
     grouped only, ``compiled_only`` skips the eager runs. One model on the device at a time: the FP8 model
-    is built from the same seed and quantized after the BF16 one is freed (48 layers are 61 GB in BF16)."""
-    import gc
-
-    from fp8_linear import quantize_model
-
+    is built from the same seed and quantized after the BF16 one is freed (:func:`each_model`)."""
     rows = []
     modes = [True] if compiled and compiled_only else ([False, True] if compiled else [False])
-    groups = (("bf16", [("bf16", None)]),
-              ("fp8-dynamic", [("fp8-dynamic grouped", None), ("fp8-dynamic per_expert", PER_EXPERT)]))
-    for scheme, variants in groups:
-        model = from_fields(cfg, layers, device)
-        if scheme != "bf16":
-            model = quantize_model(model, None, scheme, progress=False, gptq=False)
+    variants_of = {"bf16": [("bf16", None)],
+                   "fp8-dynamic": [("fp8-dynamic grouped", None), ("fp8-dynamic per_expert", PER_EXPERT)]}
+    for scheme, model in each_model(cfg, layers, device, tuple(variants_of)):
+        variants = variants_of[scheme]
         for mode in modes:
             for label, forced in variants:
                 if mode and (quick or compiled_only) and forced is not None:
@@ -365,10 +382,20 @@ def model_part(cfg, layers, device, prefill, new, reps, compiled, quick: bool = 
                     f"prefill {t['prefill_tok_s']:9.0f} tok/s  decode {t['decode_tok_s']:7.1f} tok/s  "
                     f"weights {row['weight_gb']:.2f} GB" + diag if "error" not in t else t["error"]))
         del model
-        torch.compiler.reset()
-        gc.collect()
-        if _cuda(device):
-            torch.cuda.empty_cache()
+    return rows
+
+
+def profile_part(cfg, layers, device, prefill, reps) -> list[dict]:
+    """``--profile-prefill``: where one eager prefill forward's time goes, BF16 against fp8-dynamic
+    (:mod:`benchmarks.moe_profile`: wall / host time, per-module host time and GPU span, kernels by
+    category, the top kernels, host syncs), then the differences."""
+    from benchmarks.moe_profile import compare, profile_prefill
+
+    rows = []
+    for scheme, model in each_model(cfg, layers, device):
+        rows.append(dict(profile_prefill(model, scheme, prefill, reps, device), layers=layers))
+        del model
+    compare(rows)
     return rows
 
 
@@ -448,6 +475,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compiled-only", action="store_true", help="with --compile: no eager model runs")
     ap.add_argument("--skip-model", action="store_true", help="grouped GEMM part only")
     ap.add_argument("--skip-gemm", action="store_true", help="model part only")
+    ap.add_argument("--profile-prefill", action="store_true",
+                    help="instead of the model timings: profile one eager prefill forward of BF16 and fp8-dynamic "
+                         "(kernels by category, top kernels, host time and GPU span per module, host syncs)")
     ap.add_argument("--scales", default=",".join(SCALES),
                     help="grouped GEMM scale layouts, comma-separated: tensor (static per-expert activation x "
                          "per-expert weight scales), channel (per-token x per-channel), block (1x128 x 128x128 blocks)")
@@ -476,6 +506,14 @@ def main(argv=None) -> int:
     gemm_rows = [] if args.skip_gemm else gemm_part(cfg, decode, prefill_list, device, reps, scales)
     if gemm_rows:
         print_gemm_table(gemm_rows)
+    if args.profile_prefill:
+        model_rows = [] if args.skip_model else profile_part(cfg, layers, device, prefill, reps)
+        if device == "cuda" or args.out:
+            from benchmarks.common.results import environment, write_json
+
+            meta = environment({"model": "Qwen3-30B-A3B-shaped" + (" (tiny)" if args.tiny else ""), "layers": layers})
+            print(f"wrote {write_json('moe-profile-prefill', meta, {}, gemm_rows + model_rows, out=args.out)}")
+        return 0
     model_rows = [] if args.skip_model else model_part(cfg, layers, device, prefill, new, reps, args.compile, args.quick,
                                                       args.compiled_only)
     if model_rows:
