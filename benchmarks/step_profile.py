@@ -210,6 +210,8 @@ def print_gaps(label: str, batch: int, g: dict) -> None:
     launches = ", ".join(f"{n} {v:.1f}" for n, v in g["api"].items())
     print(f"    a step: {k['total']:.1f} GPU activities ({k['graph']:.1f} from graph replays, {k['eager']:.1f} eager); "
           f"{g['graph_launches']:.1f} graph launches; API calls: {launches}")
+    print("    eager (not replayed) a step: " + ", ".join(f"{e['name'][:60]} {e['count']:.1f}x {e['us']:.0f} us"
+                                                    for e in g["eager"][:8]))
     print(f"    {'us/step':>8} {'n/step':>6} {'median':>7}  kind  | before -> after")
     for p in g["pairs"][:GAP_ROWS]:
         print(f"    {p['us']:8.1f} {p['count']:6.1f} {p['median_us']:7.2f}  {p['kind']} | {p['before']} -> {p['after']}")
@@ -240,9 +242,9 @@ def path_list(presets: list[str], fuse: bool, fused_only: bool, no_pdl: bool) ->
 def print_summary(results: dict) -> None:
     """One line a profiled cell with gaps: steady step span = busy + idle, the idle waiting for the host,
     inside graph replays and launch latency, graph launches and GPU activities a step."""
-    print(f"\n{'path':28s} {'span':>7} {'busy':>7} {'idle':>6} {'host':>6} {'graph':>6} {'queued':>6} "
-          f"{'launch':>6} {'kernels':>7}  (us a steady step; idle: waiting for the host / inside graph replays / "
-          f"launch latency; graph launches a step)")
+    print(f"\n{'path':28s} {'span':>7} {'busy':>7} {'idle':>6} {'host':>6} {'ingr':>6} {'queued':>6} "
+          f"{'graphs':>6} {'kernels':>7}  (us a steady step; idle = host (waiting for the host) + ingr (inside graph "
+          f"replays) + queued (launch latency) + unattributed; graphs: graph launches a step)")
     for key, r in results.items():
         g = r.get("gaps")
         if not g or "error" in g:

@@ -267,7 +267,8 @@ def analyze(trace: Trace, windows: list[Window], category: Callable[[str], str] 
     ``idle_by_kind`` (us a step, mean, by :data:`GAP_KINDS`); ``kernels`` (a step: ``total``, ``graph``
     (replayed), ``eager``); ``categories`` (activities a step by
     ``category(name)``, where given); ``api`` (API calls a step by name, host window) and
-    ``graph_launches`` (a step); ``pairs``: the ``top`` ``(before, after)`` name pairs by idle time, each
+    ``graph_launches`` (a step); ``eager``: the ``top`` activities not replayed from a graph by GPU time
+    (``name``, ``count`` and ``us`` a step); ``pairs``: the ``top`` ``(before, after)`` name pairs by idle time, each
     ``count`` and ``us`` a step, ``median_us`` of its gaps and its most common ``kind``; ``category_pairs``:
     the same by ``(category(before), category(after))`` (where ``category`` is given).
     """
@@ -279,6 +280,7 @@ def analyze(trace: Trace, windows: list[Window], category: Callable[[str], str] 
     origin: Counter = Counter()
     cats: Counter = Counter()
     api: Counter = Counter()
+    eager: dict[str, list] = defaultdict(list)
     pairs: dict[tuple[str, str], list] = defaultdict(list)
     cpairs: dict[tuple[str, str], list] = defaultdict(list)
     pair_kinds: dict[tuple[str, str], Counter] = defaultdict(Counter)
@@ -291,7 +293,10 @@ def analyze(trace: Trace, windows: list[Window], category: Callable[[str], str] 
         idles.append(w.end - w.start - busy)
         for a in acts:
             call = trace.origin(a)
-            origin["graph" if call is not None and call.is_graph_launch else "eager"] += 1
+            replayed = call is not None and call.is_graph_launch
+            origin["graph" if replayed else "eager"] += 1
+            if not replayed:
+                eager[short_name(a.name)].append(min(a.end, w.end) - a.start)
             if category is not None:
                 cats[category(a.name)] += 1
         for c in trace.calls:
@@ -323,6 +328,8 @@ def analyze(trace: Trace, windows: list[Window], category: Callable[[str], str] 
         categories={k: v / n for k, v in sorted(cats.items())},
         api={k: v / n for k, v in sorted(api.items())},
         graph_launches=sum(v for k, v in api.items() if k.startswith(GRAPH_LAUNCH_PREFIXES)) / n,
+        eager=sorted((dict(name=k, count=len(v) / n, us=sum(v) / n) for k, v in eager.items()),
+                     key=lambda r: -r["us"])[:top],
         pairs=table(pairs, True)[:top],
         category_pairs=table(cpairs, False)[:top] if category is not None else [],
     )

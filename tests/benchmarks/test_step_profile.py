@@ -73,7 +73,7 @@ def _replay_steps(steps: int, launches: int) -> list[dict]:
 
 
 @pytest.mark.parametrize("launches", [1, 3])
-def test_step_gaps_marks_steps_by_the_extra_graph_launches(launches):
+def test_step_gaps_marks_steps_by_the_extra_graph_launches(launches, capsys):
     """The longer call has ``extra`` more steps: the graph launches a step are read off the difference,
     a step of several launches (a partitioned graph) is one window."""
     from benchmarks.common import trace_gaps as tg
@@ -85,6 +85,10 @@ def test_step_gaps_marks_steps_by_the_extra_graph_launches(launches):
     assert g["kernels"] == dict(total=launches + 2.0, graph=float(launches), eager=2.0)
     assert g["busy_us"] == 20 * launches + 4 and g["idle_us"] == 1000 - 20 * launches - 4
     assert g["kernels_by_difference"] == launches + 2
+    sp.print_gaps("p", 1, g)
+    sp.print_summary({"p/b1": dict(gaps=g), "q/b1": dict(gaps=dict(error="no complete step"))})
+    out = capsys.readouterr().out
+    assert f"{launches}.0 graph launches" in out and "argmax" in out and "no complete step" in out
 
 
 def test_step_gaps_without_graphs_marks_steps_by_the_copies():

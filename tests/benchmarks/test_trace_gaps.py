@@ -96,6 +96,7 @@ def test_gaps_by_pair_and_kind():
     assert r["categories"] == {"copy/fill": 2.0, "fp8 gemm (ours)": 1.0, "inductor triton": 2.0, "other": 1.0}
     assert r["api"] == {"cudaGraphLaunch": 1.0, "cudaLaunchKernel": 1.0, "cudaMemcpyAsync": 1.0}
     assert r["graph_launches"] == 1.0
+    assert r["eager"] == [dict(name=ARGMAX, count=1.0, us=5.0), dict(name=DTOH, count=1.0, us=1.0)]
     cp = {(p["before"], p["after"]): p["us"] for p in r["category_pairs"]}
     assert cp[("copy/fill", "inductor triton")] == 939.0 and cp[("fp8 gemm (ours)", "inductor triton")] == 2.0
     assert len(tg.analyze(t, tg.step_windows(t, 10), top=2)["pairs"]) == 2
