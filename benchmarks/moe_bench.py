@@ -21,8 +21,8 @@ Two parts, one run (docs/moe.md):
    ``--compile`` (with ``--quick`` or ``--compiled-only``: BF16 and FP8 grouped only; graph breaks and
    CUDA graph skips counted); BF16 (transformers' experts implementation) against
    ``quantize_model(..., fp8-dynamic)`` with the grouped GEMM's own choice and with the per-expert
-   fallback forced. ``--profile-prefill`` replaces the timings by a profile of one eager prefill forward,
-   BF16 against fp8-dynamic (:mod:`benchmarks.moe_profile`).
+   fallback forced. ``--profile-prefill`` / ``--profile-decode`` replace the timings by a profile of one
+   eager prefill forward / one compiled decode step, BF16 against fp8-dynamic (:mod:`benchmarks.moe_profile`).
 
 Writes a table and ``benchmarks/results/moe-<UTC stamp>[-quick].json``.
 
@@ -32,6 +32,7 @@ Writes a table and ``benchmarks/results/moe-<UTC stamp>[-quick].json``.
     python -m benchmarks.moe_bench --quick --compile --compiled-only --skip-gemm --layers 4   # compiled decode only
     python -m benchmarks.moe_bench --layers 8 --compile
     python -m benchmarks.moe_bench --quick --skip-gemm --profile-prefill   # where a 512-token prefill's time goes
+    python -m benchmarks.moe_bench --quick --skip-gemm --profile-decode    # a compiled decode step, kernel by kernel
     python -m benchmarks.moe_bench --tiny       # a toy size, to check the script (also on a CPU)
     python -m benchmarks.moe_bench --quality    # CPU: accuracy of every preset on a tiny Qwen3-MoE vs its dense twin
 """
@@ -385,18 +386,27 @@ def model_part(cfg, layers, device, prefill, new, reps, compiled, quick: bool = 
     return rows
 
 
-def profile_part(cfg, layers, device, prefill, reps) -> list[dict]:
+def profile_part(cfg, layers, device, prefill, reps, new, prefill_on: bool, decode_on: bool) -> list[dict]:
     """``--profile-prefill``: where one eager prefill forward's time goes, BF16 against fp8-dynamic
     (:mod:`benchmarks.moe_profile`: wall / host time, per-module host time and GPU span, kernels by
-    category, the top kernels, host syncs), then the differences."""
-    from benchmarks.moe_profile import compare, profile_prefill
+    category, the top kernels, host syncs), then the differences; ``--profile-decode``: one compiled
+    decode step at batch 1, kernel by kernel (:func:`benchmarks.moe_profile.profile_decode`)."""
+    from benchmarks.moe_profile import compare, profile_decode, profile_prefill
 
-    rows = []
+    rows, decode = [], []
     for scheme, model in each_model(cfg, layers, device):
-        rows.append(dict(profile_prefill(model, scheme, prefill, reps, device), layers=layers))
+        if prefill_on:
+            rows.append(dict(profile_prefill(model, scheme, prefill, reps, device), layers=layers, part="prefill"))
+        if decode_on:
+            decode.append(dict(profile_decode(model, scheme, new, device), layers=layers, part="decode"))
         del model
     compare(rows)
-    return rows
+    if len(decode) == 2:
+        b, f = decode
+        print(f"\ndecode step at batch 1, {layers} layers: {f['model']} {f['step_ms']:.3f} ms against {b['model']} "
+              f"{b['step_ms']:.3f} ms ({b['step_ms'] / f['step_ms']:.2f}x); GPU busy {f['gpu_busy_ms']:.3f} against "
+              f"{b['gpu_busy_ms']:.3f} ms, kernels {f['kernels']:.1f} against {b['kernels']:.1f}")
+    return rows + decode
 
 
 def print_model_table(rows: list[dict]) -> None:
@@ -478,6 +488,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-prefill", action="store_true",
                     help="instead of the model timings: profile one eager prefill forward of BF16 and fp8-dynamic "
                          "(kernels by category, top kernels, host time and GPU span per module, host syncs)")
+    ap.add_argument("--profile-decode", action="store_true",
+                    help="instead of the model timings: profile one compiled decode step at batch 1 of BF16 and "
+                         "fp8-dynamic, kernel by kernel (with --profile-prefill: both)")
     ap.add_argument("--scales", default=",".join(SCALES),
                     help="grouped GEMM scale layouts, comma-separated: tensor (static per-expert activation x "
                          "per-expert weight scales), channel (per-token x per-channel), block (1x128 x 128x128 blocks)")
@@ -506,13 +519,14 @@ def main(argv=None) -> int:
     gemm_rows = [] if args.skip_gemm else gemm_part(cfg, decode, prefill_list, device, reps, scales)
     if gemm_rows:
         print_gemm_table(gemm_rows)
-    if args.profile_prefill:
-        model_rows = [] if args.skip_model else profile_part(cfg, layers, device, prefill, reps)
+    if args.profile_prefill or args.profile_decode:
+        model_rows = [] if args.skip_model else profile_part(cfg, layers, device, prefill, reps, new,
+                                                            args.profile_prefill, args.profile_decode)
         if device == "cuda" or args.out:
             from benchmarks.common.results import environment, write_json
 
             meta = environment({"model": "Qwen3-30B-A3B-shaped" + (" (tiny)" if args.tiny else ""), "layers": layers})
-            print(f"wrote {write_json('moe-profile-prefill', meta, {}, gemm_rows + model_rows, out=args.out)}")
+            print(f"wrote {write_json('moe-profile', meta, {}, gemm_rows + model_rows, out=args.out)}")
         return 0
     model_rows = [] if args.skip_model else model_part(cfg, layers, device, prefill, new, reps, args.compile, args.quick,
                                                       args.compiled_only)

@@ -221,19 +221,8 @@ def profile_forwards(model, ids: torch.Tensor, reps: int, cuda: bool) -> dict:
     finally:
         hooks.remove()
     events = prof.events()
-    dev = torch.autograd.DeviceType.CUDA
-    kernels = [e for e in events if e.device_type == dev]
-    cpu = [e for e in events if e.device_type != dev]
-    cats: dict[str, dict] = {}
-    names: dict[str, list] = {}
-    for e in kernels:
-        us = e.time_range.end - e.time_range.start
-        c = cats.setdefault(category(e.name), dict(kernels=0, us=0.0))
-        c["kernels"] += 1
-        c["us"] += us
-        n = names.setdefault(e.name, [0, 0.0])
-        n[0] += 1
-        n[1] += us
+    kernels, cpu = _split(events)
+    cats, names = kernel_sums(kernels)
     syncs: dict[tuple, int] = collections.Counter()
     for e in cpu:
         if e.name in SYNC_OPS:
@@ -255,13 +244,8 @@ def profile_forwards(model, ids: torch.Tensor, reps: int, cuda: bool) -> dict:
             r["host_us"] += e.time_range.end - e.time_range.start
             r["kernel_us"] += float(getattr(e, "device_time_total", 0.0) or 0.0)
     per = float(reps)
-    top = sorted(names.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
     return dict(
-        kernels_per_forward=len(kernels) / per,
-        gpu_busy_ms=sum(c["us"] for c in cats.values()) / per / 1e3,
-        categories={k: dict(kernels=v["kernels"] / per, ms=v["us"] / per / 1e3)
-                    for k, v in sorted(cats.items(), key=lambda kv: -kv[1]["us"])},
-        top_kernels=[dict(name=n[:160], calls=c / per, ms=us / per / 1e3) for n, (c, us) in top],
+        **kernel_figures(cats, names, per),
         syncs=[dict(op=k[0], module=k[1], called_from=k[2], per_forward=v / per) for k, v in sorted(syncs.items())],
         top_level_aten_ops=dict(sorted(((k, v / per) for k, v in ops.items()), key=lambda kv: -kv[1])),
         aten_ops_by_kind={k: {n: c / per for n, c in v.most_common()} for k, v in op_names.items()},
@@ -269,6 +253,80 @@ def profile_forwards(model, ids: torch.Tensor, reps: int, cuda: bool) -> dict:
                 for k, v in ranges.items()},
         table=prof.key_averages().table(sort_by=_sort_key(cuda), row_limit=TOP_KERNELS),
     )
+
+
+def _split(events) -> tuple[list, list]:
+    """``(GPU kernels, CPU events)`` of a profile's events."""
+    dev = torch.autograd.DeviceType.CUDA
+    return [e for e in events if e.device_type == dev], [e for e in events if e.device_type != dev]
+
+
+def kernel_sums(kernels) -> tuple[dict, dict]:
+    """``({category: [count, us]}, {kernel name: [count, us]})`` of profiler kernel events."""
+    cats: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
+    names: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
+    for e in kernels:
+        us = e.time_range.end - e.time_range.start
+        for d, key in ((cats, category(e.name)), (names, e.name)):
+            d[key][0] += 1
+            d[key][1] += us
+    return dict(cats), dict(names)
+
+
+def kernel_figures(cats: dict, names: dict, per: float) -> dict:
+    """Kernels per unit (a forward, a decode step: the sums divided by ``per``), GPU busy ms, the categories
+    by GPU time and the :data:`TOP_KERNELS` kernels."""
+    top = sorted(names.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
+    return dict(
+        kernels=sum(c for c, _ in cats.values()) / per,
+        gpu_busy_ms=sum(us for _, us in cats.values()) / per / 1e3,
+        categories={k: dict(kernels=c / per, ms=us / per / 1e3)
+                    for k, (c, us) in sorted(cats.items(), key=lambda kv: -kv[1][1])},
+        top_kernels=[dict(name=n[:160], calls=c / per, ms=us / per / 1e3) for n, (c, us) in top])
+
+
+def _profiled(fn, cuda: bool) -> tuple[dict, dict, float]:
+    """``fn()`` under the profiler (CUDA kernels): :func:`kernel_sums` and the synchronized wall ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync(cuda)
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        t0 = time.perf_counter()
+        fn()
+        _sync(cuda)
+        wall = (time.perf_counter() - t0) * 1e3
+    return (*kernel_sums(_split(prof.events())[0]), wall)
+
+
+def profile_decode(model, label: str, new: int, device) -> dict:
+    """One compiled decode step at batch 1 (transformers' static-cache ``generate``, as ``moe_bench
+    --compile`` times it), kernel by kernel: ``generate`` of ``new`` tokens and of 1 token (the prompt's
+    prefill only) profiled after two warm-up calls (compile, CUDA-graph capture); their difference over
+    ``new - 1`` steps is one step (prefill and per-call costs cancel). Prints and returns the step's wall
+    ms, kernels and GPU busy ms by category and the top kernels."""
+    cuda = torch.device(device).type == "cuda"
+    prompt = torch.randint(0, model.config.vocab_size, (1, 16), device=device)
+    kw = dict(do_sample=False, cache_implementation="static")
+
+    def gen(n):
+        return lambda: model.generate(prompt, max_new_tokens=n, min_new_tokens=n, **kw)
+
+    with torch.inference_mode():
+        for _ in range(2):
+            gen(new)()
+        c1, n1, w1 = _profiled(gen(1), cuda)
+        cn, nn_, wn = _profiled(gen(new), cuda)
+    steps = new - 1
+    cats = {k: [v[0] - c1.get(k, [0, 0.0])[0], v[1] - c1.get(k, [0, 0.0])[1]] for k, v in cn.items()}
+    names = {k: [v[0] - n1.get(k, [0, 0.0])[0], v[1] - n1.get(k, [0, 0.0])[1]] for k, v in nn_.items()}
+    out = dict(model=label, new_tokens=new, step_ms=(wn - w1) / steps, **kernel_figures(cats, names, steps))
+    print(f"\n== {label}: compiled decode step at batch 1 (generate({new}) - generate(1), over {steps} steps): "
+          f"wall {out['step_ms']:.3f} ms, GPU busy {out['gpu_busy_ms']:.3f} ms, {out['kernels']:.1f} kernels")
+    for k, v in out["categories"].items():
+        print(f"    {k:26s} {v['kernels']:6.1f} kernels {v['ms'] * 1e3:8.1f} us")
+    for t in out["top_kernels"]:
+        print(f"    {t['ms'] * 1e3:8.1f} us {t['calls']:5.1f} x  {t['name'][:110]}")
+    return out
 
 
 def _sort_key(cuda: bool) -> str:
@@ -300,7 +358,7 @@ def print_profile(r: dict) -> None:
     busy = p["gpu_busy_ms"]
     print(f"\n== {r['model']}: eager prefill of {r['prefill']} tokens: wall {r['wall_ms']:.3f} ms, host {r['host_ms']:.3f} ms"
           f" (call returns), GPU busy {busy:.3f} ms, idle {r['wall_ms'] - busy:.3f} ms; "
-          f"{p['kernels_per_forward']:.0f} kernels per forward")
+          f"{p['kernels']:.0f} kernels per forward")
     print(f"  {'module':12s} {'host ms':>8s} {'GPU span ms':>11s} {'kernel ms':>9s} {'aten ops':>8s}   (per forward, all layers)")
     for k, v in r["modules"].items():
         span = f"{v['gpu_span_ms']:11.3f}" if v["gpu_span_ms"] is not None else f"{'-':>11s}"

@@ -70,3 +70,13 @@ def test_experts_ops_are_counted_apart_from_their_grouped_gemms(scheme, capsys):
 def test_kernel_categories(name, label):
     assert category(name) == label
     assert label == "other" or label in dict(CATEGORIES)
+
+
+def test_decode_profile_runs_generate_and_reports_a_step(capsys):
+    from benchmarks.moe_profile import profile_decode
+
+    model = _model("fp8-dynamic")
+    r = profile_decode(model, "fp8-dynamic", new=3, device="cpu")
+    assert "compiled decode step at batch 1" in capsys.readouterr().out
+    assert r["new_tokens"] == 3 and r["kernels"] == 0 and r["categories"] == {}  # no CUDA kernels on a CPU
+    assert r["step_ms"] == r["step_ms"]  # a number (the difference of two timed generate calls)
