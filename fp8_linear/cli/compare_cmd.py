@@ -12,7 +12,7 @@ from .common import EXIT_OK, CLIError, result, show_progress
 from .data import BUNDLED_DATA, DATA_HELP, read_data
 from .eval_cmd import eval_batches_checked, fit_length
 from .loading import load
-from .options import DEFAULT_EVAL_WINDOWS, DEFAULT_SEQ_LEN, MODEL_HELP, PRESET_NAMES, WINDOWS_HELP, add_calib_options, add_run_options, scheme_of, torch_dtype
+from .options import DEFAULT_EVAL_WINDOWS, DEFAULT_SEQ_LEN, MODEL_HELP, PRESET_NAMES, WINDOWS_HELP, add_calib_options, add_run_options, gptq_options, scheme_of, torch_dtype
 from .quantize_cmd import check_calib_args
 from .threads import set_threads
 
@@ -23,7 +23,8 @@ BUNDLED_DESCRIPTION = "smollm2 (bundled SmolLM2-135M-Instruct, dequantized GGUF 
 DEFAULT_COMPARE_SAMPLES = 16
 FLAGS = {"calib_data": "--calib", "eval_data": "--data", "model": "--model", "ignore": "--ignore",
          "eval_windows": "--windows", "eval_seq_len": "--eval-seq-len", "seq_len": "--seq-len",
-         "max_samples": "--samples", "batch_size": "--batch-size", "schemes": "--schemes"}
+         "max_samples": "--samples", "batch_size": "--batch-size", "schemes": "--schemes",
+         "hessian_tokens": "--hessian-tokens", "act_order": "--actorder"}
 
 
 def run(args) -> int:
@@ -53,7 +54,7 @@ def run(args) -> int:
         max_samples=args.samples, seq_len=seq_len, batch_size=args.batch_size, eval_windows=args.windows,
         eval_seq_len=eval_len, gptq=not args.no_gptq, save_reload=not args.no_save_reload,
         checkpoint_dir=args.checkpoints, output_dir=None, progress=show_progress(),
-        calib_dtype=torch_dtype(args.calib_dtype),
+        calib_dtype=torch_dtype(args.calib_dtype), **gptq_options(args),
     )
     table.notes["model"] = args.model or BUNDLED_DESCRIPTION
     table.notes["eval_data"] = args.data if args.data not in (None, BUNDLED_DATA) else table.notes.get("eval_data")

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import argparse
 
+from .common import CLIError
 from .data import DATA_HELP
 
 PRESET_NAMES = ("fp8-tensor", "fp8-channel", "fp8-dynamic", "fp8-block")
 OBSERVER_NAMES = ("minmax", "percentile", "mse")
 DTYPE_NAMES = ("float32", "bfloat16")
+#: ``--actorder`` values, llm-compressor's ``GPTQModifier(actorder=...)`` names: "static" = columns in order of
+#: decreasing H[i, i] with the scales fixed before the sweep (the package default), "none" = the natural order.
+ACTORDER_NAMES = ("static", "none")
+#: The earlier GPTQ recipe's token cap of each H (``--actorder none --hessian-tokens 4096``).
+EARLIER_HESSIAN_TOKENS = 4096
 #: Tokens per calibration sample and per perplexity window when not given (fewer for a model with fewer positions).
 DEFAULT_SEQ_LEN = 512
 MODEL_HELP = ("an HF model folder, a .gguf file, an FP8 checkpoint folder, or a bundled model: 'smollm2' "
@@ -55,9 +61,28 @@ def add_calib_options(p: argparse.ArgumentParser) -> None:
                    help="override the preset's activation observer (default: the preset's, minmax)")
     p.add_argument("--no-gptq", action="store_true",
                    help="round weights to nearest instead of GPTQ error compensation (default: GPTQ; faster, less accurate)")
+    p.add_argument("--actorder", choices=ACTORDER_NAMES, default=None,
+                   help="GPTQ column order, named as llm-compressor's GPTQModifier(actorder=...): 'static' quantizes "
+                        "the weight columns in order of decreasing input energy H[i,i] with the scales fixed "
+                        "beforehand (default; AutoGPTQ's desc_act=True), 'none' in their natural order. "
+                        f"'--actorder none --hessian-tokens {EARLIER_HESSIAN_TOKENS}' is the earlier recipe, the "
+                        "package default before 2026-12-01 (docs/calibration.md)")
+    p.add_argument("--hessian-tokens", type=int, default=None, metavar="N",
+                   help="calibration tokens folded into each GPTQ Hessian H = sum x x^T (default: every "
+                        f"calibration token, as llm-compressor does; {EARLIER_HESSIAN_TOKENS} = the earlier recipe)")
     p.add_argument("--calib-dtype", choices=DTYPE_NAMES, default=None,
                    help="dtype of the calibration forwards (default: --dtype); bfloat16 runs ~3x faster on CPUs "
                         "with AMX, the statistics are still kept in fp32")
+
+
+def gptq_options(args) -> dict:
+    """``--actorder`` / ``--hessian-tokens`` as ``quantize_model``'s ``act_order`` / ``hessian_tokens``
+    (``None``: the package default). Raises ``CLIError`` when either is given with ``--no-gptq``."""
+    given = [f for f, v in (("--actorder", args.actorder), ("--hessian-tokens", args.hessian_tokens)) if v is not None]
+    if given and args.no_gptq:
+        raise CLIError(f"{' and '.join(given)}: GPTQ options, but --no-gptq turns GPTQ off; drop one of them")
+    return {"act_order": None if args.actorder is None else args.actorder == "static",
+            "hessian_tokens": args.hessian_tokens}
 
 
 def torch_dtype(name: str | None):

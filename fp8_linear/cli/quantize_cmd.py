@@ -10,13 +10,14 @@ from .common import EXIT_OK, CLIError, result, show_progress
 from .data import read_data
 from .eval_cmd import fit_length
 from .loading import load
-from .options import MODEL_HELP, PRESET_NAMES, add_calib_options, add_run_options, scheme_of, torch_dtype
+from .options import MODEL_HELP, PRESET_NAMES, add_calib_options, add_run_options, gptq_options, scheme_of, torch_dtype
 from .threads import set_threads
 
 OUTPUT_FLAG = "-o/--output"
 #: Python argument names in the library's error messages -> this command's flags.
 FLAGS = {"calib_data": "--calib", "model": "--model", "ignore": "--ignore", "path": OUTPUT_FLAG,
-         "seq_len": "--seq-len", "max_samples": "--samples", "batch_size": "--batch-size"}
+         "seq_len": "--seq-len", "max_samples": "--samples", "batch_size": "--batch-size",
+         "hessian_tokens": "--hessian-tokens", "act_order": "--actorder"}
 
 
 def check_ignore(patterns) -> None:
@@ -30,8 +31,10 @@ def check_ignore(patterns) -> None:
 
 
 def check_calib_args(args) -> None:
-    """The calibration options every command that calibrates takes: sizes and ``--ignore`` patterns."""
-    require_positive(args, "samples", "seq_len", "batch_size")
+    """The calibration options every command that calibrates takes: sizes, ``--ignore`` patterns and the
+    GPTQ options (``--actorder`` / ``--hessian-tokens`` need GPTQ)."""
+    require_positive(args, "samples", "seq_len", "batch_size", "hessian_tokens")
+    gptq_options(args)
     if args.threads < 0:
         raise CLIError(f"--threads: expected 0 (automatic) or a positive integer, got {args.threads}")
     check_ignore(args.ignore)
@@ -52,7 +55,7 @@ def run(args) -> int:
     fp8_linear.quantize_model(model, calib, scheme_of(args, args.scheme), tokenizer=tok, ignore=tuple(args.ignore),
                               max_samples=args.samples, seq_len=seq_len, batch_size=args.batch_size,
                               progress=show_progress(), gptq=False if args.no_gptq else None,
-                              calib_dtype=torch_dtype(args.calib_dtype))
+                              calib_dtype=torch_dtype(args.calib_dtype), **gptq_options(args))
     dt = time.perf_counter() - t0
     path = save_quantized(model, args.output, tokenizer=tok, overwrite=args.overwrite)
     n = sum(isinstance(m, fp8_linear.FP8Linear) for m in model.modules())
