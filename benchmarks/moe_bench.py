@@ -329,7 +329,11 @@ def weight_gb(model) -> float:
     return sum(t.numel() * t.element_size() for t in model.parameters()) / 1e9
 
 
-def each_model(cfg, layers, device, schemes=("bf16", "fp8-dynamic")):
+#: The models of the model part (``--schemes``): BF16 and the FP8 preset it is compared with.
+SCHEMES = ("bf16", "fp8-dynamic")
+
+
+def each_model(cfg, layers, device, schemes=SCHEMES):
     """Yield ``(scheme, model)`` for each scheme, one model on the device at a time: each is built from the
     same seed (``fp8-*``: then quantized by ``quantize_model`` with the grouped GEMM's experts) and freed
     before the next is built (48 layers are 61 GB in BF16); the caller drops its reference before asking
@@ -351,7 +355,7 @@ def each_model(cfg, layers, device, schemes=("bf16", "fp8-dynamic")):
 
 
 def model_part(cfg, layers, device, prefill, new, reps, compiled, quick: bool = False,
-               compiled_only: bool = False) -> list[dict]:
+               compiled_only: bool = False, schemes=SCHEMES) -> list[dict]:
     """Part 2: BF16 (transformers' experts implementation) against fp8-dynamic (the grouped GEMM's choice,
     and the per-expert fallback forced), eager and (``compiled``) compiled; ``quick`` compiles BF16 and FP8
     grouped only, ``compiled_only`` skips the eager runs. One model on the device at a time: the FP8 model
@@ -360,7 +364,7 @@ def model_part(cfg, layers, device, prefill, new, reps, compiled, quick: bool = 
     modes = [True] if compiled and compiled_only else ([False, True] if compiled else [False])
     variants_of = {"bf16": [("bf16", None)],
                    "fp8-dynamic": [("fp8-dynamic grouped", None), ("fp8-dynamic per_expert", PER_EXPERT)]}
-    for scheme, model in each_model(cfg, layers, device, tuple(variants_of)):
+    for scheme, model in each_model(cfg, layers, device, schemes):
         variants = variants_of[scheme]
         for mode in modes:
             for label, forced in variants:
@@ -386,7 +390,8 @@ def model_part(cfg, layers, device, prefill, new, reps, compiled, quick: bool = 
     return rows
 
 
-def profile_part(cfg, layers, device, prefill, reps, new, prefill_on: bool, decode_on: bool) -> list[dict]:
+def profile_part(cfg, layers, device, prefill, reps, new, prefill_on: bool, decode_on: bool,
+                 schemes=SCHEMES) -> list[dict]:
     """``--profile-prefill``: where one eager prefill forward's time goes, BF16 against fp8-dynamic
     (:mod:`benchmarks.moe_profile`: wall / host time, per-module host time and GPU span, kernels by
     category, the top kernels, host syncs), then the differences; ``--profile-decode``: one compiled
@@ -394,7 +399,7 @@ def profile_part(cfg, layers, device, prefill, reps, new, prefill_on: bool, deco
     from benchmarks.moe_profile import compare, profile_decode, profile_prefill
 
     rows, decode = [], []
-    for scheme, model in each_model(cfg, layers, device):
+    for scheme, model in each_model(cfg, layers, device, schemes):
         if prefill_on:
             rows.append(dict(profile_prefill(model, scheme, prefill, reps, device), layers=layers, part="prefill"))
         if decode_on:
@@ -485,6 +490,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compiled-only", action="store_true", help="with --compile: no eager model runs")
     ap.add_argument("--skip-model", action="store_true", help="grouped GEMM part only")
     ap.add_argument("--skip-gemm", action="store_true", help="model part only")
+    ap.add_argument("--schemes", default=",".join(SCHEMES),
+                    help="models of the model part, comma-separated, run one after the other (default %(default)s; "
+                         "one per call splits a long full-depth run in two)")
     ap.add_argument("--profile-prefill", action="store_true",
                     help="instead of the model timings: profile one eager prefill forward of BF16 and fp8-dynamic "
                          "(kernels by category, top kernels, host time and GPU span per module, host syncs)")
@@ -516,12 +524,15 @@ def main(argv=None) -> int:
     scales = tuple(s for s in args.scales.split(",") if s)
     if not scales or any(s not in SCALES for s in scales):
         ap.error(f"--scales: expected a comma-separated subset of {SCALES}, got {args.scales!r}")
+    schemes = tuple(x for x in args.schemes.split(",") if x)
+    if not schemes or any(x not in SCHEMES for x in schemes):
+        ap.error(f"--schemes: expected a comma-separated subset of {SCHEMES}, got {args.schemes!r}")
     gemm_rows = [] if args.skip_gemm else gemm_part(cfg, decode, prefill_list, device, reps, scales)
     if gemm_rows:
         print_gemm_table(gemm_rows)
     if args.profile_prefill or args.profile_decode:
         model_rows = [] if args.skip_model else profile_part(cfg, layers, device, prefill, reps, new,
-                                                            args.profile_prefill, args.profile_decode)
+                                                            args.profile_prefill, args.profile_decode, schemes)
         if device == "cuda" or args.out:
             from benchmarks.common.results import environment, write_json
 
@@ -529,7 +540,7 @@ def main(argv=None) -> int:
             print(f"wrote {write_json('moe-profile', meta, {}, gemm_rows + model_rows, out=args.out)}")
         return 0
     model_rows = [] if args.skip_model else model_part(cfg, layers, device, prefill, new, reps, args.compile, args.quick,
-                                                      args.compiled_only)
+                                                      args.compiled_only, schemes)
     if model_rows:
         print_model_table(model_rows)
     summary = {}
