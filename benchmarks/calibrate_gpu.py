@@ -4,7 +4,8 @@
 
 One run (random bf16 weights: time and memory do not depend on the values) checks both bars at once:
 a Llama-3-8B-shaped ``LlamaForCausalLM`` (``--layers`` decoder layers) sits on the CPU and is calibrated
-with GPTQ (``fp8-channel``, ``H`` from every calibration token) on ``--samples`` x ``--seq-len`` random
+with GPTQ (``fp8-channel``, ``H`` from every calibration token, the package's column order: act-order
+since 2026-12-01, ``--actorder none`` for the natural order) on ``--samples`` x ``--seq-len`` random
 tokens by ``quantize_model(..., layerwise=True, device="cuda")``: every calibration forward, every ``H``
 and every GPTQ sweep on the GPU, one decoder layer resident at a time, under a GPU memory cap set with
 ``torch.cuda.set_per_process_memory_fraction`` (``--cap-gib``) that is below the model's bf16 weights
@@ -50,6 +51,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.common.results import environment, write_json  # noqa: E402
 from fp8_linear import FP8Linear, quantize_model  # noqa: E402
+from fp8_linear.calibration import gptq as gptq_defaults  # noqa: E402
 from fp8_linear.formats import fmt_max  # noqa: E402
 
 #: Llama-3-8B's shape (meta-llama/Meta-Llama-3-8B config.json).
@@ -136,7 +138,8 @@ def check_layer0(model, originals: dict[str, torch.Tensor]) -> dict[str, float]:
     return out
 
 
-def run(layers: int, samples: int, seq_len: int, cap_gib: float | None, offload: bool) -> dict:
+def run(layers: int, samples: int, seq_len: int, cap_gib: float | None, offload: bool,
+        act_order: bool | None = None) -> dict:
     """Build, calibrate under the cap, check; returns the measurements (no pass/fail decisions)."""
     t0 = time.perf_counter()
     model = build_model(layers)
@@ -153,7 +156,7 @@ def run(layers: int, samples: int, seq_len: int, cap_gib: float | None, offload:
         t0 = time.perf_counter()
         quantize_model(model, list(ids), "fp8-channel", gptq=True, seq_len=seq_len, max_samples=samples,
                        batch_size=BATCH_SIZE, layerwise=True, device=DEVICE, offload_activations=offload,
-                       hessian_tokens=samples * seq_len, progress=True)
+                       hessian_tokens=samples * seq_len, act_order=act_order, progress=True)
         torch.cuda.synchronize()
         t_cal = time.perf_counter() - t0
         peak = torch.cuda.max_memory_allocated()
@@ -166,7 +169,9 @@ def run(layers: int, samples: int, seq_len: int, cap_gib: float | None, offload:
     diffs = check_layer0(model, originals)
     return {"layers": layers, "samples": samples, "seq_len": seq_len, "tokens": samples * seq_len,
             "weights_bf16_gib": round(weight_gib_of_shape(layers), 2), "cap_gib": cap_gib,
-            "offload_activations": offload, "build_s": round(t_build, 1), "calibrate_s": round(t_cal, 1),
+            "offload_activations": offload,
+            "gptq_act_order": gptq_defaults.ACT_ORDER if act_order is None else act_order,
+            "gptq_hessian_tokens": samples * seq_len, "build_s": round(t_build, 1), "calibrate_s": round(t_cal, 1),
             "layer_s_median": round(sorted(layer_s)[len(layer_s) // 2], 2), "layer_s": layer_s,
             "peak_gpu_gib": round(peak / 2**30, 2), "peak_reserved_gib": round(peak_reserved / 2**30, 2),
             "gpu_gib_left_after": round(left_on_gpu / 2**30, 3), "layer0_calc_diff": diffs}
@@ -192,6 +197,8 @@ def main() -> int:
     ap.add_argument("--cap-gib", type=float, default=None,
                     help="GPU memory cap in GiB, 0 for none (default 12; --quick 8)")
     ap.add_argument("--offload", action="store_true", help="keep the hidden states between layers on the CPU")
+    ap.add_argument("--actorder", choices=("static", "none"), default=None,
+                    help="GPTQ column order (default: the package's, static = act-order; none = the natural order)")
     ap.add_argument("--out", default=os.environ.get("OUT") or None, help="result folder (default benchmarks/results)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -207,13 +214,13 @@ def main() -> int:
     meta = environment({"gpu_total_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
                         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
                         "backend": os.environ.get("FP8_LINEAR_BACKEND")})
-    res = run(layers, samples, args.seq_len, cap, args.offload)
+    res = run(layers, samples, args.seq_len, cap, args.offload, None if args.actorder is None else args.actorder == "static")
     checks = verdicts(res)
     path = write_json("calibrate_gpu", meta, {"passed": all(checks.values()), "checks": checks}, [res], args.out)
     cap_txt = f"cap {cap:.1f} GiB" if cap is not None else "no cap"
     print(f"calibrate_gpu ({meta['gpu']}, torch {meta['torch']}): Llama-3-8B shape, {layers} layers "
           f"(bf16 weights {res['weights_bf16_gib']} GiB), GPTQ fp8-channel on {samples} x {args.seq_len} tokens, "
-          f"layer by layer, {cap_txt}")
+          f"layer by layer, {cap_txt}, act-order {'on' if res['gptq_act_order'] else 'off'}, H from every token")
     print(f"  calibrate {res['calibrate_s']} s (median {res['layer_s_median']} s/layer; build {res['build_s']} s), "
           f"peak GPU memory {res['peak_gpu_gib']} GiB allocated / {res['peak_reserved_gib']} GiB reserved, "
           f"{res['gpu_gib_left_after']} GiB left after")
