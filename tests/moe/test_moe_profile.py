@@ -80,3 +80,20 @@ def test_decode_profile_runs_generate_and_reports_a_step(capsys):
     assert "compiled decode step at batch 1" in capsys.readouterr().out
     assert r["new_tokens"] == 3 and r["kernels"] == 0 and r["categories"] == {}  # no CUDA kernels on a CPU
     assert r["step_ms"] == r["step_ms"]  # a number (the difference of two timed generate calls)
+
+
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")
+def test_gpu_fp8_prefill_is_one_grouped_launch_per_projection_without_host_sync():
+    """On the device the FP8 experts forward launches our grouped kernel once per projection and layer and
+    never synchronizes with the host (what the CPU reading of docs/moe.md says)."""
+    model = quantize_model(tiny_qwen3_moe(dtype=torch.bfloat16).cuda(), None, "fp8-dynamic", progress=False, gptq=False)
+    r = profile_prefill(model, "fp8-dynamic", prefill=64, reps=2, device="cuda")
+    p = r["profile"]
+    assert p["categories"]["grouped fp8 gemm (ours)"]["kernels"] == 2 * LAYERS
+    assert p["categories"]["act quant (ours)"]["kernels"] >= 2 * LAYERS
+    assert [s for s in p["syncs"] if s["module"] in ("experts", "grouped gemm")] == []
+    assert r["modules"]["experts"]["gpu_span_ms"] > 0 and p["gpu_busy_ms"] > 0
