@@ -135,7 +135,14 @@ __global__ void __launch_bounds__(TileCfg<BN, SWAP, BLK, BM>::kThreads, 1)
       using Pro = std::conditional_t<BLK, BlkPromote<BN, SWAP, NACC>, PlainPromote<BN, NACC>>;
       const Pro pro = [&]() {
         // (the row block of 128: a 64-row tile lies inside one 128-row weight block, block mb / 2)
-        if constexpr (BLK) return Pro{BlkTile<BN, SWAP>(L.scales, ep, mb / (kBM / BM), nb, kb0, cw * 64 + lr0, lane)};
+        if constexpr (BLK) {
+          // alternate tiles of this CTA (t = first_tile + j tile_step, first_tile < tile_step: j = t / tile_step)
+          // stage into alternate buffers of the warpgroup
+          const int parity = (t / tile_step) & 1;
+          float* buf = L.wfac + (2 * cw + parity) * blk_weight_rows<BN, SWAP>() * kWFacCap;
+          return Pro{BlkTileStaged<BN, SWAP>(L.scales, buf, ep, mb / (kBM / BM), nb, kb0, nkb, cw * 64 + lr0, lane,
+                                             tid, bar_id)};
+        }
         else return Pro{};
       }();
       if constexpr (DBL) {
@@ -149,8 +156,14 @@ __global__ void __launch_bounds__(TileCfg<BN, SWAP, BLK, BM>::kThreads, 1)
         typename Pro::Factors f;  // the k-block's factors (BLK), read from its stage before its MMAs
         for (int kb = 0; kb < nkb; ++kb) {
           mbar_wait(&full[stage], phase);
-          pro.load(f, stage, kb);
+          if (!StagesPerTile<Pro>::value || kb > 0) pro.load(f, stage, kb);
           issue_kblock<BN, NACC, FA, FB>(acc, sA + stage * C::kStageA + cw * 64 * kBK, sB + stage * C::kStageB);
+          if constexpr (StagesPerTile<Pro>::value) {
+            if (kb == 0) {  // the tile's weight factors into shared memory, under its first k-block's MMAs
+              pro.tile_start();
+              pro.load(f, stage, 0);
+            }
+          }
           wgmma_wait<0>();
           pro.before_release();
           release_stage(empty, stage, lane);

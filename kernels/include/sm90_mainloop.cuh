@@ -3,6 +3,7 @@
 // loads.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "sm90_blockscale.cuh"
 #include "sm90_ptx.cuh"
@@ -54,10 +55,11 @@ __device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC]
 
 // How the consumer loops promote a k-block: PlainPromote adds the partial sums as they are (the
 // launch's per-tensor / per-row scales are applied in the epilogue); BlkPromote scales them by the
-// k-block's fine-grained factors (sm90_blockscale.cuh), which `load(f, stage, i)` (i: the tile's
-// k-block index) reads from the stage's scale slot and the weight's scale rows as soon as the stage is
-// full, before its wgmmas are issued (read after the wgmmas, the loads queue behind their
-// shared-memory traffic).
+// k-block's fine-grained factor products (sm90_blockscale.cuh BlkTileStaged), which `load(f, stage, i)`
+// (i: the tile's k-block index) forms from the stage's activation-factor slot and the tile's weight
+// factors in shared memory as soon as the stage is full, before its wgmmas are issued (read after the
+// wgmmas, the loads queue behind their shared-memory traffic). A promotion with `tile_start()` stages
+// per-tile data once the tile's first k-block is issued; its first k-block's factors are read after that.
 template <int BN, int NACC>
 struct PlainPromote {
   struct Factors {};
@@ -70,15 +72,23 @@ struct PlainPromote {
 
 template <int BN, bool SWAP, int NACC>
 struct BlkPromote {
-  using Factors = BlkFactors<BN, SWAP>;
-  BlkTile<BN, SWAP> tile;
+  using Factors = BlkProducts<BN, SWAP>;
+  static constexpr bool kStagesPerTile = true;
+  BlkTileStaged<BN, SWAP> tile;
+  __device__ __forceinline__ void tile_start() const { tile.tile_start(); }
   __device__ __forceinline__ void load(Factors& f, int stage, int i) const { tile.load(f, stage, i); }
   // every lane's reads of the slot are ordered before lane 0 releases the stage
   __device__ __forceinline__ void before_release() const { __syncwarp(); }
   __device__ __forceinline__ void promote(float (&fin)[BN / 2], float (&acc)[NACC][BN / 2], const Factors& f) const {
-    promote_blk<BN, SWAP, NACC>(fin, acc, f, tile);
+    promote_blk<BN, SWAP, NACC>(fin, acc, f, tile.cut);
   }
 };
+
+// Whether promotion Pro stages per-tile data (Pro::kStagesPerTile: BlkPromote).
+template <class Pro, class = void>
+struct StagesPerTile : std::false_type {};
+template <class Pro>
+struct StagesPerTile<Pro, std::void_t<decltype(Pro::kStagesPerTile)>> : std::bool_constant<Pro::kStagesPerTile> {};
 
 // DBL: two accumulators; k-block i+1's wgmmas are issued before k-block i is promoted
 // (wgmma.wait_group 1), so the tensor core always has this warpgroup's next k-block queued. The
@@ -88,7 +98,8 @@ struct BlkPromote {
 // after_first() runs right after the first k-block's wgmmas are issued (the tile's epilogue prefetch:
 // its address arithmetic and loads then overlap the MMAs instead of delaying the first issue).
 // pro: the promotion (PlainPromote or BlkPromote); f0 / f1: the factors of a0's / a1's k-block, loaded
-// from its stage right after its full barrier, before its wgmmas are issued.
+// from its stage right after its full barrier, before its wgmmas are issued (the tile's first k-block's
+// after its issue, after_first and pro.tile_start when Pro stages per-tile data).
 template <int BN, int FA, int FB, int S, int kStageA, int kStageB, class AfterFirst, class Pro>
 __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint8_t* sA, const uint8_t* sB,
                                                 uint64_t* full, uint64_t* empty, int& stage, uint32_t& phase,
@@ -102,9 +113,11 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
     }
   };
   mbar_wait(&full[stage], phase);
-  pro.load(f0, stage, 0);
+  if constexpr (!StagesPerTile<Pro>::value) pro.load(f0, stage, 0);
   issue_kblock<BN, 1, FA, FB>(a0, sA + stage * kStageA, sB + stage * kStageB);
+  if constexpr (StagesPerTile<Pro>::value) pro.tile_start();
   after_first();  // work of the tile start that can run while the first k-block's MMAs do
+  if constexpr (StagesPerTile<Pro>::value) pro.load(f0, stage, 0);
   int prev = stage;
   advance();
   for (int kb = 1;; ++kb) {

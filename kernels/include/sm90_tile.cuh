@@ -84,6 +84,15 @@ extern __shared__ __align__(1024) uint8_t g_smem[];
 // tiles (sm90_blockscale.cuh), filled by the producer's TMA: the tile's 128 kernel rows, or its BN <= 128
 // columns when swapped (one box of the M-major scale_a).
 constexpr int kScaleSlotFloats = kBM;
+// BLK: the weight factors of a tile (its k-blocks' scale_b entries of the one or two 128-row weight blocks
+// it covers), staged in shared memory once per tile by its consumer warpgroup (sm90_blockscale.cuh
+// BlkTileStaged::tile_start): up to kWFacCap k-blocks per weight block (K <= 32768 per tile or split; beyond,
+// the factors come from global memory), two buffers per consumer warpgroup (alternate tiles).
+constexpr int kWFacCap = 256;
+template <int BN, bool SWAP>
+constexpr int blk_weight_rows() {  // weight blocks one tile's columns cover: 2 if BN is not a multiple of 128
+  return !SWAP && BN % kBM != 0 ? 2 : 1;
+}
 
 // BM: the tile's rows on the kernel's A side, 128 (two consumer warpgroups of 64 rows) or 64 (one consumer
 // warpgroup: the swapped decode tiles of 64 weight rows, twice the CTAs of a 128-row grid; each tile lies
@@ -101,16 +110,17 @@ struct TileCfg {
   static constexpr int kStageB = BN * kBK;
   static constexpr int kStage = kStageA + kStageB;
   static constexpr int kScaleSlot = BLK ? kScaleSlotFloats * 4 : 0;  // bytes per stage
+  static constexpr int kWFac = BLK ? 2 * kConsumers * blk_weight_rows<BN, SWAP>() * kWFacCap * 4 : 0;  // bytes
   // per consumer WG: 64 x staged_cols 16-bit (fp32: 64-column passes)
   static constexpr int kCTile = swap_tma_store<BN, SWAP>() ? 2 * BN * 64 * 2
                                 : SWAP                      ? 0
                                                             : 2 * (64 * staged_cols<BN>() * 2 + strip_bytes<BN>());
   static constexpr int kVec = 2 * 2 * BN * 4;                // per consumer WG: column scale + column bias
   static constexpr int kBarBytes = 2 * 8 * 16;  // full + empty mbarriers of up to 16 stages
-  static constexpr int kStagesFit = (kSmemLimit - kCTile - kVec - kBarBytes) / (kStage + kScaleSlot);
+  static constexpr int kStagesFit = (kSmemLimit - kCTile - kVec - kBarBytes - kWFac) / (kStage + kScaleSlot);
   static constexpr int kMaxStages = BM == kBM ? kMaxStages128 : kMaxStages64;
   static constexpr int kStages = kStagesFit > kMaxStages ? kMaxStages : kStagesFit;
-  static constexpr int kSmem = kStages * (kStage + kScaleSlot) + kCTile + kVec + kBarBytes;
+  static constexpr int kSmem = kStages * (kStage + kScaleSlot) + kCTile + kVec + kBarBytes + kWFac;
   static_assert(kStages >= 4, "too few stages");
   static_assert(kStages <= 16, "kBarBytes holds the barriers of 16 stages");
   static_assert((kStages * kStage + kCTile + kVec + kBarBytes) % 128 == 0 && kScaleSlot % 128 == 0,
@@ -173,7 +183,8 @@ __device__ __forceinline__ void split_tile(int t, const EpiParams& ep, int num_k
 
 // Shared-memory carve-up of one CTA from the 1024-byte-aligned base: S stages of A (BM x 128) and
 // B (BN x 128) tiles, the consumer warpgroups' output staging (kCTile) and column vectors (kVec),
-// then the S full and S empty mbarriers (kBarBytes), then (BLK) the S scale slots.
+// then the S full and S empty mbarriers (kBarBytes), then (BLK) the S scale slots and the consumer
+// warpgroups' weight-factor buffers (kWFac).
 template <int BN, bool SWAP, bool BLK = false, int BM = kBM>
 struct SmemLayout {
   uint8_t* sA;
@@ -183,6 +194,7 @@ struct SmemLayout {
   uint64_t* full;
   uint64_t* empty;
   float* scales;  // BLK: S slots of kScaleSlotFloats
+  float* wfac;    // BLK: per consumer warpgroup 2 buffers of blk_weight_rows x kWFacCap floats
   __device__ __forceinline__ explicit SmemLayout(uint8_t* smem) {
     using C = TileCfg<BN, SWAP, BLK, BM>;
     sA = smem;
@@ -192,6 +204,7 @@ struct SmemLayout {
     full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(sVec) + C::kVec);
     empty = full + C::kStages;
     scales = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(full) + C::kBarBytes);
+    wfac = scales + (BLK ? C::kStages * kScaleSlotFloats : 0);
   }
 };
 
