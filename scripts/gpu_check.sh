@@ -45,5 +45,6 @@ stage chain_bench 60 python -m benchmarks.chain_bench --out "$OUT"
 stage e2e 140 python -m benchmarks.e2e --quick --out "$OUT"
 stage calibrate_gpu 90 python -m benchmarks.calibrate_gpu --quick --out "$OUT"
 stage moe_bench 60 python -m benchmarks.moe_bench --quick --out "$OUT"
+stage moe_profile 120 python -u -m benchmarks.moe_bench --quick --skip-gemm --profile-prefill --profile-decode --out "$OUT"
 tar czf "$OUT/cache.tgz" .fp8_cache 2>/dev/null
 echo "total ${SECONDS}s" | tee -a "$OUT/summary.txt"
