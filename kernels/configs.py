@@ -154,9 +154,17 @@ SWAP64_DBL_MIN_K = 2048
 #: about 90 GB/s (H200, decode quick set of 2026-12-01: 4096 x 4096 on 32 CTAs 9.0 us, 1.9 TB/s; cuBLASLt
 #: 7.2 us through 64 CTAs), so below about 48 busy SMs the grid, not HBM, sets the time. For M <=
 #: ROWS64_MAX_M :func:`select_config` takes the one of them whose grid has the most tiles that still fit
-#: one wave (ceil(N / 64) x ceil(M / BN) <= the SMs; the narrower tile on a tie), unless the 128-row choice
-#: splits K (select_splits has spread that one over the SMs already) or the launch has block scales
-#: (ROWS64_BLOCK). Measured (H200, 2026-12-01, `python -m benchmarks.gemm_bench --mode splitk --set decode
+#: one wave (ceil(N / 64) x ceil(M / BN) <= the SMs; the narrower tile on a tie), unless the launch has
+#: block scales (ROWS64_BLOCK) or the 128-row choice splits K (select_splits has spread that one over the
+#: SMs already) and either M <= ROWS64_OVER_SPLIT_MIN_M or the 64-row grid has no more work items (tiles x
+#: splits, each config split by select_splits). Above ROWS64_OVER_SPLIT_MIN_M the 128-row choice is the
+#: non-swapped tile config 7, whose split paid the separate reduction's ~3 us until v33; in the forced-config
+#: sweep of v30 the 64-row tile unsplit beats its best split at M = 128 wherever it has more work items
+#: (Llama-3.2-3B down: 96 against 48, 15.6 us against 17.3; Qwen2.5-1.5B down 14.0 against 13.5-18.2;
+#: Llama-3.2-1B down 13.2 against 13.7-17.6) and ties where it has as many (Llama-3.1-8B / Gemma-2-9B down:
+#: 26.0 / 25.1 against 26.9 / 24.9). At M = 64 the 64-row choice (BN 16 or 32: the weight read 2-4 times)
+#: lost to config 16's split on the same sweep (Qwen2.5-3B down 15.2 us against 12.5-14.4), and the removed
+#: reduction makes config 16's split cheaper still. Measured (H200, 2026-12-01, `python -m benchmarks.gemm_bench --mode splitk --set decode
 #: --ms 1,2,4,8,16,32,64,128 --splits 2,3,4,6,8 --configs 1,2,3,16,17,18,19`, 296 shapes of the decode
 #: set's 10 models), geomean cuBLASLt / ours with the v30 rule (one twin per M bucket, M <= 64) -> this
 #: one: M = 32 0.892 -> 0.929, M = 64 0.811 -> 0.881, M = 128 0.780 -> 0.849 (e.g. 4096 x 4096 at M = 64:
@@ -166,6 +174,8 @@ ROWS64_IDS = tuple(c.id for c in CONFIGS if c.block_m == 64)
 #: gives config 16's bits, tests/kernels/test_sm90_gpu.py).
 ROWS64_TWIN = {1: 17, 2: 18, SWAP64_DBL_CONFIG: 19}
 ROWS64_MAX_M = 128
+#: Above this M a 64-row config may replace a 128-row choice that splits K (see ROWS64_IDS).
+ROWS64_OVER_SPLIT_MIN_M = 64
 #: Whether block-scaled launches take the 64-row configs too (their block instances). The one H200 miss of
 #: config 19 (fp32 out, M = 1, N = 200, K = 1040: calc_diff 1.049e-8 against 1e-8, kernel-log v30) is the
 #: tensor-core floor's spread over 200 outputs, not a wrong factor (kernel-log v32, design.md section 7).
@@ -181,13 +191,26 @@ SPLIT_MAX_BUSY_FRACTION = 0.25
 #: `benchmarks.gemm_bench --mode splitk` on the Llama shapes with M = 1..256): a split pays only where each CTA
 #: keeps a long K range (4096 x 14336: 4 splits of 28 k-blocks, 1.14-1.59x faster); with 32-64
 #: k-blocks per tile, or half the SMs already busy, the partials' round trip and the second launch
-#: (1-6 us) cost more than the extra SMs give.
+#: (1-6 us) cost more than the extra SMs give. Kept with the one-launch split (v33): at K = 4096 the
+#: v30 sweep has 2 splits of 16 k-blocks 0.3-1.8 us slower than none (Llama-3.1-8B o, M = 1-128), more
+#: than the removed launch saves.
 MIN_KB_PER_SPLIT = 24
 #: ...and on the 64-row configs, whose grids split only where N is small (at most SPLIT_MAX_BUSY_FRACTION
 #: of the SMs busy: N <= 2112 at M <= 16): Qwen2.5-0.5B down (896 x 4864, 38 k-blocks, 14 tiles) at
 #: M = 1 7.3 us unsplit, 4.8 in 3 splits, 4.6 in 6 (cuBLASLt 8.8); 2048 x 2048 and 1536 x 1536 (16 and 12
 #: k-blocks) are faster unsplit (splitk sweep of 2026-12-01, docs/kernel-log.md v31).
 MIN_KB_PER_SPLIT_ROWS64 = 12
+#: The tile configs (not swapped: M above the decode configs' range) split up to this fraction of the SMs
+#: busy where every split keeps at least MIN_KB_PER_SPLIT_LONG_K k-blocks (one wave: num_sms // tiles
+#: splits). Measured (H200, 2026-12-01, `python -m benchmarks.gemm_bench --mode splitk --set decode --ms
+#: 1,16,64,128,256 --splits 2,3,4,6,8`, h200-2026-12-01-splitk-decode-models.json, with the separate
+#: reduction), config 7: Qwen2.5-32B down (5120 x 27648, 40 tiles) at M = 128 68.3 us unsplit, 50.1 in 3
+#: splits (cuBLASLt 41.7); Qwen2.5-14B down (40 tiles, 108 k-blocks) 35.1 -> 30.6 in 2; at M = 256
+#: Llama-3.1-8B down (64 tiles) 36.3 -> 34.4 and Gemma-2-9B down (56) 36.2 -> 32.0 in 2; Llama-3.1-70B
+#: down at M = 128 (64 tiles, 224 k-blocks) 72.9 both ways. The swapped decode configs keep the quarter:
+#: below M = 64 the 64-row tiles take those layers (ROWS64_IDS).
+SPLIT_LONG_K_BUSY_FRACTION = 0.5
+MIN_KB_PER_SPLIT_LONG_K = 48
 #: Upper bound of the split factor that select_splits picks by itself...
 MAX_SPLITS = 16
 #: ...and of any split factor, FP8_LINEAR_SM90_SPLITS included (the binding refuses more).
@@ -232,9 +255,10 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
     Decode-like M (<= 32, and <= 64 when N has at least SWAP64_MIN_N_BLOCKS row blocks) puts N on
     wgmma's M side (swap A/B) with the narrowest tile that covers M, so no tensor-core work is spent on
     padding rows (for 32 < M <= 64 the two-accumulator tile SWAP64_DBL_CONFIG where N or K is large
-    enough, or config 3 with block scales). Up to ROWS64_MAX_M, without block scales and where that
-    choice does not split K, the 64-row config whose grid has the most tiles in one wave instead
-    (:func:`_rows64`). Otherwise the fastest of LARGE_M_CANDIDATES by
+    enough, or config 3 with block scales). Up to ROWS64_MAX_M, without block scales, the 64-row config
+    whose grid has the most tiles in one wave instead (:func:`_rows64`), except where the 128-row choice
+    splits K: then only above ROWS64_OVER_SPLIT_MIN_M and where the 64-row grid has more work items
+    (:func:`work_items`; the 64-row config splits by its own rule). Otherwise the fastest of LARGE_M_CANDIDATES by
     :func:`estimated_cost` (128 x 128 or 128 x 144 with two accumulators, or 128 x 192).
 
     ``swap_ok``: the launch has a per-tensor scale_a and a 16-bit output, what the swapped large-M
@@ -258,9 +282,20 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
         except ValueError as e:
             raise ValueError(f"{ENV_CONFIG}={forced!r}: {e}") from None
     base = _select_rows128(m, n, k, num_sms, swap_ok, block)
-    if m > ROWS64_MAX_M or (block and not ROWS64_BLOCK) or select_splits(base, m, n, k, num_sms) > 1:
+    if m > ROWS64_MAX_M or (block and not ROWS64_BLOCK):
         return base
-    return _rows64(m, n, num_sms) or base
+    rows64 = _rows64(m, n, num_sms)
+    if rows64 is None:
+        return base
+    if select_splits(base, m, n, k, num_sms) > 1 and (
+            m <= ROWS64_OVER_SPLIT_MIN_M or work_items(rows64, m, n, k, num_sms) <= work_items(base, m, n, k, num_sms)):
+        return base
+    return rows64
+
+
+def work_items(cfg: KernelConfig, m: int, n: int, k: int, num_sms: int = 132) -> int:
+    """Work items of the persistent grid on ``cfg``: output tiles x the split-K factor of :func:`select_splits`."""
+    return tiles(cfg, m, n) * select_splits(cfg, m, n, k, num_sms)
 
 
 def _select_rows128(m: int, n: int, k: int, num_sms: int, swap_ok: bool, block: bool) -> KernelConfig:
@@ -318,8 +353,11 @@ def select_splits(config: KernelConfig, m: int, n: int, k: int, num_sms: int = 1
 
     When the output tiles fill at most SPLIT_MAX_BUSY_FRACTION of the SMs (decode and short prefill
     shapes: e.g. M = 64, N = 4096 is 32 tiles on 132 SMs), K is cut into up to ``num_sms // tiles``
-    ranges of at least MIN_KB_PER_SPLIT k-blocks (MIN_KB_PER_SPLIT_ROWS64 on the 64-row configs), so that more SMs share the work; each split writes
-    its fp32 partial sums to a workspace and one small kernel sums them with the bias into the output.
+    ranges of at least MIN_KB_PER_SPLIT k-blocks (MIN_KB_PER_SPLIT_ROWS64 on the 64-row configs), so that
+    more SMs share the work; on the non-swapped tile configs also up to SPLIT_LONG_K_BUSY_FRACTION busy
+    with ranges of at least MIN_KB_PER_SPLIT_LONG_K k-blocks (long-K projections at M = 128-256); each split writes
+    its fp32 partial sums to a workspace and the last split of each tile sums them and runs the epilogue
+    (one launch, ``sm90_epilogue.cuh`` split_fixup).
     Only configs with split-K kernel instances (``split_k``: 1, 2, 3, 7, 10, 16-19) split. ``FP8_LINEAR_SM90_SPLITS`` overrides (as an
     upper bound; 1 turns split K off).
     """
@@ -330,8 +368,10 @@ def select_splits(config: KernelConfig, m: int, n: int, k: int, num_sms: int = 1
     if want is not None:
         return split_count(num_kb, want)
     t = tiles(config, m, n)
-    if t > num_sms * SPLIT_MAX_BUSY_FRACTION:
-        return 1
     min_kb = MIN_KB_PER_SPLIT_ROWS64 if config.block_m == 64 else MIN_KB_PER_SPLIT
+    if t > num_sms * SPLIT_MAX_BUSY_FRACTION:
+        if config.swap_ab or t > num_sms * SPLIT_LONG_K_BUSY_FRACTION:
+            return 1
+        min_kb = MIN_KB_PER_SPLIT_LONG_K
     want = min(num_sms // t, num_kb // min_kb, MAX_SPLITS)
     return split_count(num_kb, want)

@@ -162,10 +162,14 @@ void gemm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_
   FP8_CHECK(splits >= 1 && splits <= 64, "sm90_gemm: splits must be 1..64, got ", splits);
   const c10::cuda::CUDAGuard guard(a.device());
   g.splits = static_cast<int>(splits);
-  at::Tensor workspace;  // split K: the partial sums [splits, M, N] fp32 (torch's caching allocator)
-  if (splits > 1) {
-    workspace = at::empty({splits, M, N}, out.options().dtype(at::kFloat));
+  // split K: the raw partials (torch's caching allocator: stream-ordered, and inside a CUDA graph from the
+  // graph's pool; the kernel reads only what the same launch wrote, so it needs no clearing)
+  at::Tensor workspace;
+  const long ws_floats = splits > 1 ? fp8sm90::split_workspace_floats(g.config, g.M, g.N, g.K, g.splits) : 0;
+  if (ws_floats > 0) {
+    workspace = at::empty({ws_floats}, out.options().dtype(at::kFloat));
     g.workspace = workspace.data_ptr<float>();
+    g.workspace_floats = ws_floats;
   }
   g.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const char* err = fp8sm90::gemm(g, at::cuda::getCurrentCUDAStream());
@@ -365,7 +369,7 @@ void grouped_gemm_out(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 
 namespace {
 
-// Programmatic dependent launch of the GEMM, activation quantization and split-K reduction (pdl.h):
+// Programmatic dependent launch of the GEMM and the activation quantization (pdl.h):
 // on / off for later launches (a CUDA graph keeps what it was captured with), and optionally the GEMM's
 // L2 prefetch depth in k-blocks (-1: the kernel's stage count, 0: none). Returns the previous state.
 std::tuple<bool, int64_t> set_pdl(bool enabled, const c10::optional<int64_t>& prefetch_kblocks) {

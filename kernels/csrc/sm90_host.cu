@@ -54,21 +54,55 @@ namespace {
 // the main loop): a device constant, its address taken once per device.
 __device__ float g_one = 1.0f;
 
-const char* one_ptr(const float** p) {
-  static std::atomic<const float*> cache[64];
+// The split-K arrival counters (sm90_epilogue.cuh split_fixup): zero from the module's load, left zero by
+// every launch.
+__device__ int g_split_flags[kSplitFlags];
+
+// *p = the device address of `symbol` (a __device__ variable of this unit) on the current device, taken
+// once per device (cache: one slot per device).
+template <typename T, typename S>
+const char* symbol_ptr(const S& symbol, std::atomic<T*>* cache, T** p) {
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return cudaGetErrorString(e);
-  const float* v = cache[dev & 63].load(std::memory_order_acquire);
+  T* v = cache[dev & 63].load(std::memory_order_acquire);
   if (v == nullptr) {
     void* addr = nullptr;
-    e = cudaGetSymbolAddress(&addr, g_one);
+    e = cudaGetSymbolAddress(&addr, symbol);
     if (e != cudaSuccess) return cudaGetErrorString(e);
-    v = static_cast<const float*>(addr);
+    v = static_cast<T*>(addr);
     cache[dev & 63].store(v, std::memory_order_release);
   }
   *p = v;
   return nullptr;
+}
+
+const char* one_ptr(const float** p) {
+  static std::atomic<const float*> cache[64];
+  return symbol_ptr(g_one, cache, p);
+}
+
+const char* split_flags_ptr(int** p) {
+  static std::atomic<int*> cache[64];
+  return symbol_ptr(g_split_flags, cache, p);
+}
+
+// Split K as gemm runs it: kb_per k-blocks per split, and only as many splits as that leaves non-empty
+// (<= want).
+void split_plan(int K, int want, int* splits, int* kb_per) {
+  const int num_kb = (K + kBK - 1) / kBK;
+  *splits = 1;
+  *kb_per = num_kb;
+  if (want > 1) {
+    *kb_per = (num_kb + want - 1) / want;
+    *splits = (num_kb + *kb_per - 1) / *kb_per;
+  }
+}
+
+// Output tiles of a launch (kernel rows over block_m, kernel columns over block_n).
+long tile_count(const ConfigInfo& info, int M, int N) {
+  const long rows = info.swap_ab ? N : M, cols = info.swap_ab ? M : N;
+  return ((rows + info.block_m - 1) / info.block_m) * ((cols + info.block_n - 1) / info.block_n);
 }
 
 // Tile raster group height (row-blocks per group, see tile_coords): kGroupM, or the environment
@@ -210,26 +244,17 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   }
   la.ep.group_m = raster_group_m();
   la.even_waves = even_waves();
-  const int num_kb = (g.K + kBK - 1) / kBK;
-  la.ep.splits = 1;
-  la.ep.kb_per_split = num_kb;
-  la.ep.split_stride = 0;
-  if (g.splits > 1) {
-    if (!info.split_k) return "split K is not supported by this config (kernels/configs.py split_k)";
-    if (g.workspace == nullptr) return "split K needs a workspace";
-    // kb_per k-blocks per split, and only as many splits as that leaves non-empty (<= g.splits).
-    la.ep.kb_per_split = (num_kb + g.splits - 1) / g.splits;
-    la.ep.splits = (num_kb + la.ep.kb_per_split - 1) / la.ep.kb_per_split;
-  }
+  if (g.splits > 1 && !info.split_k) return "split K is not supported by this config (kernels/configs.py split_k)";
+  split_plan(g.K, g.splits, &la.ep.splits, &la.ep.kb_per_split);
   const bool split = la.ep.splits > 1;
   if (split) {
-    // partial sums: scaled, fp32, no bias (added once by splitk_reduce), direct stores at
-    // workspace + split * M * N
-    la.ep.out = g.workspace;
-    la.ep.out_kind = 0;
-    la.ep.bias = nullptr;
-    la.ep.bias_kind = 0;
-    la.ep.split_stride = static_cast<long>(g.M) * g.N;
+    // raw partials in the workspace, the counters of tiles x consumer warpgroups (split_fixup)
+    if (tile_count(info, g.M, g.N) * (bm / 64) > kSplitFlags)
+      return "split K: more output tiles than split-K counters (sm90_epilogue.cuh kSplitFlags)";
+    if (g.workspace == nullptr || g.workspace_floats < split_workspace_floats(g.config, g.M, g.N, g.K, g.splits))
+      return "split K needs a workspace of split_workspace_floats floats";
+    la.ep.split_ws = g.workspace;
+    if (const char* e = split_flags_ptr(&la.ep.split_flags)) return e;
   }
 
   const void* ka = swap ? g.b : g.a;
@@ -253,7 +278,7 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   // TMA stores: the non-swapped configs, and the swapped large-M ones (configs 14, 15) for 16-bit outputs
   // (transposed staging, see stage_tile_16bit_swap); other swapped launches store directly.
   const bool swap_tma = swap && swap_tma_width(bn) && g.out_kind != 0;
-  la.ep.tma_store = ((!swap || swap_tma) && !split && (static_cast<long>(g.N) * esize) % 16 == 0 &&
+  la.ep.tma_store = ((!swap || swap_tma) && (static_cast<long>(g.N) * esize) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(g.out) % 16 == 0 && g.force_direct_store == 0)
                         ? 1
                         : 0;
@@ -274,8 +299,16 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   else if (fa == 0 && fb == 1) err = launch_config<0, 1>(la, stream, split, blk);
   else if (fa == 1 && fb == 0) err = launch_config<1, 0>(la, stream, split, blk);
   else if (fa == 1 && fb == 1) err = launch_config<1, 1>(la, stream, split, blk);
-  if (err != nullptr || !split) return err;
-  return splitk_reduce(g.workspace, la.ep.splits, g.M, g.N, g.bias, g.bias ? g.bias_kind : 0, g.out, g.out_kind, stream);
+  return err;
+}
+
+long split_workspace_floats(int config, int M, int N, int K, int splits) {
+  ConfigInfo info{};
+  if (!config_info(config, info)) return -1;
+  int s = 1, kb_per = 0;
+  split_plan(K, splits, &s, &kb_per);
+  if (s <= 1 || !info.split_k) return 0;
+  return tile_count(info, M, N) * s * info.block_m * info.block_n;
 }
 
 }  // namespace fp8sm90

@@ -44,7 +44,7 @@ inline unsigned int launch_attrs(cudaLaunchAttribute* attr) {
 
 #ifdef __CUDACC__
 // Launch `kernel` on `stream` with the PDL attribute when it is on (pdl.h's kernels: the activation
-// quantization, the split-K reduction; the GEMM's launch_one also sets its prefetch depth).
+// quantization; the GEMM's launch_one also sets its prefetch depth).
 template <typename... Params, typename... Args>
 cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args... args) {
   cudaLaunchConfig_t cfg = {};

@@ -32,18 +32,19 @@ struct GemmArgs {
   int num_sms;       // persistent grid size upper bound
   int force_direct_store;  // 1: never use the TMA-store epilogue (tests of the fallback path)
   // Split K (kernels/configs.py select_splits): 1 = none; > 1: each output tile is computed as up to
-  // `splits` partial sums over K ranges, written (fp32, scaled) to `workspace`, then summed with the
-  // bias into `out` by splitk_reduce. Only configs with SPLIT kernel instances (kernels/configs.py split_k).
+  // `splits` partial sums over K ranges in one launch, the raw fp32 partials in `workspace`, summed in
+  // split order by the tile's last split, which then runs the epilogue (sm90_epilogue.cuh split_fixup).
+  // Only configs with SPLIT kernel instances (kernels/configs.py split_k).
   int splits;
-  float* workspace;  // [splits, M, N] fp32 when splits > 1, else unused
+  float* workspace;       // split_workspace_floats(config, M, N, K, splits) fp32 when splits > 1, else unused
+  long workspace_floats;  // its size
 };
 
 // Launches on `stream`. Returns nullptr on success, else a message naming what failed.
 const char* gemm(const GemmArgs& args, cudaStream_t stream);
 
-// out [M, N] (out_kind as GemmArgs) = sum over s of ws[s] ([splits, M, N] fp32) + bias (bias_kind as
-// GemmArgs; nullptr: none), summed in split order (csrc/splitk_reduce.cu).
-const char* splitk_reduce(const float* ws, int splits, int M, int N, const void* bias, int bias_kind, void* out,
-                          int out_kind, cudaStream_t stream);
+// Floats of the split-K workspace that gemm needs for this problem (tiles x splits x the tile's rows x
+// columns, splits as gemm runs them); 0 when it would not split; -1 for an unknown config.
+long split_workspace_floats(int config, int M, int N, int K, int splits);
 
 }  // namespace fp8sm90

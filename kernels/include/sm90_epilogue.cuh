@@ -289,7 +289,7 @@ template <int BN, bool SWAP>
 __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiParams& ep, const EpiPrefetch<BN>& pf,
                                          const float* vec, uint8_t* ctile, const CUtensorMap* tma_out,
                                          int row0, int col_base, int lr0, int lane, int tid, int bar_id,
-                                         int tile_row0, long out_off = 0) {
+                                         int tile_row0) {
   if constexpr (!SWAP) {
     const float* vs = vec;
     const float* vb = vec + BN;
@@ -391,7 +391,7 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
       for (int i = 0; i < 2; ++i) {
         const int r = row0 + 8 * i;
         if (r >= ep.M) continue;
-        const long idx = static_cast<long>(r) * ep.N + c + out_off;
+        const long idx = static_cast<long>(r) * ep.N + c;
         const auto [v0, v1] = epi_pair<BN>(acc, pf, j, i, s0, s1, b0, b1);
         if (pair_ok) {  // c is even, so idx is even: 2-element vector store is aligned
           store_two(ep.out, ep.out_kind, idx, v0, v1);
@@ -435,7 +435,7 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
         for (int i = 0; i < 2; ++i) {
           const int n = row0 + 8 * i;
           if (n >= ep.N) continue;
-          const long idx = static_cast<long>(m) * ep.N + n + out_off;
+          const long idx = static_cast<long>(m) * ep.N + n;
           store_one(ep.out, ep.out_kind, idx, acc[4 * j + 2 * i + e] * (pf.row_scale[i] * sm) + pf.row_bias[i]);
         }
       }
@@ -450,16 +450,116 @@ __device__ __forceinline__ void epilogue(const float (&acc)[BN / 2], const EpiPa
 template <int BN, bool SWAP>
 __device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const EpiParams& ep, const EpiPrefetch<BN>& pf,
                                             float* vec, uint8_t* ctile, const CUtensorMap* tma_out, int row0,
-                                            int col_base, int lr0, int lane, int tid, int bar_id, int tile_row0,
-                                            long out_off = 0) {
+                                            int col_base, int lr0, int lane, int tid, int bar_id, int tile_row0) {
   if ((!SWAP || swap_tma_store<BN, SWAP>()) && tid == 0) bulk_wait_read0();
   named_bar_sync(bar_id, 128);
   const EpiMode mode = SWAP ? EpiMode::kGeneral : epi_mode(ep);
   epi_publish_cols<BN>(vec, pf, tid, mode == EpiMode::kFolded,
                        mode == EpiMode::kFolded || mode == EpiMode::kColScale);
   named_bar_sync(bar_id, 128);
-  epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0,
-                                 out_off);
+  epilogue<BN, SWAP>(fin, ep, pf, vec, ctile, tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
+}
+
+// ---------------------------------------------------------------- split K in one launch
+// Each output tile of a SPLIT launch is ep.splits work items over consecutive K ranges (split_tile). Per
+// consumer warpgroup (its 64 x BN half of the tile is the unit; the two warpgroups of a 128-row tile
+// never wait for each other), the fix-up ("serial split K", as CUTLASS's stream-K fix-up):
+//  1. every split stores its raw fp32 accumulator (fin, before any scale) into its own workspace slot in
+//     the fragment's register order: float4 j of thread tid at (j * 128 + tid) * 4 floats of the slot, so
+//     a warp's stores are 512 contiguous bytes (st.global.cg: L2 only); fragments that lie wholly
+//     outside the output (rows past the kernel's rows, columns past its columns) are neither stored nor read;
+//  2. release: every thread fences (__threadfence), the warpgroup's named barrier, then thread 0 adds
+//     one to the warpgroup's arrival counter (ep.split_flags[tile * consumers + cw]);
+//  3. the warpgroup that brings the count to splits (old == splits - 1) is the tile's last: thread 0
+//     resets the counter to 0 (zero at rest: the next launch and CUDA-graph replays find it so) and tells
+//     the warpgroup through shared memory and a second barrier (bar.red.or instead made the 144-wide
+//     block-scaled kernel spill, nvcc 13.0); acquire: every thread fences, then reads the splits'
+//     slots (ld.global.cg, its own included) and sums them in the fixed order 0, 1, ..., splits - 1, so
+//     the bits do not depend on which split arrives last; it then runs the tile's normal epilogue
+//     (scales, bias, cast, TMA or direct stores). The other warpgroups skip it.
+// PDL: the consumers pass griddepcontrol.wait before any of this, and a dependent kernel's wait returns
+// only once this grid has finished (stores flushed), so neither the workspace nor the counters of the
+// next launch overlap this one. The counters: one device array of kSplitFlags ints (sm90_host.cu,
+// zero from the module's load; each launch leaves it zero), so there is nothing to allocate or clear
+// per launch and CUDA graphs capture no memset; split launches on one device must therefore not run
+// concurrently on two streams.
+constexpr int kSplitFlags = 1 << 16;  // arrival counters: output tiles x consumer warpgroups of one launch
+
+// Floats of a split launch's workspace: one slot of 64 x BN per work item (tiles x splits) and
+// consumer warpgroup, i.e. tiles x splits x BM x BN (the host's split_workspace_floats).
+template <int BN>
+__device__ __forceinline__ float* split_slot(const EpiParams& ep, int item, int consumers, int cw) {
+  return ep.split_ws + (static_cast<long>(item) * consumers + cw) * (64 * BN);
+}
+
+// The fix-up of one consumer warpgroup's half of work item t (see above); CONSUMERS warpgroups a tile.
+// fin: this split's raw accumulator, replaced by the sum over all splits in the warpgroup of the tile's
+// last split. row_ok: this thread's fragment rows start inside the kernel's rows; col0: the kernel column
+// of its first fragment column (col_base + 2 (lane % 4)); cols: the kernel's columns. `note`: a shared
+// int of the warpgroup (the first word of its column vectors: every thread has read the previous tile's
+// before the first barrier here, and the epilogue rewrites it only after its own). Returns whether this
+// warpgroup is the tile's last (then it runs the epilogue).
+template <int BN, int CONSUMERS>
+__device__ __forceinline__ bool split_fixup(float (&fin)[BN / 2], const EpiParams& ep, int t, int cw, int tid,
+                                            int bar_id, bool row_ok, int col0, int cols, volatile int* note) {
+  constexpr int kVecs = BN / 8;  // float4 j of the fragment: acc[4j .. 4j + 3] = rows r, r + 8 x columns c, c + 1
+  const int splits = ep.splits;
+  const int tile = fast_div(t, ep.div_splits);
+  const int first = tile * splits;  // the item of the tile's split 0
+  // the fragments j < nvec lie (partly) inside the output: the only ones stored and read
+  const int nvec = row_ok ? min(kVecs, (cols - col0 + 7) / 8) : 0;
+  {
+    float4* dst = reinterpret_cast<float4*>(split_slot<BN>(ep, t, CONSUMERS, cw)) + tid;
+    asm volatile("" : "+l"(dst));  // one base register, the fragments at immediate offsets
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      if (j < nvec) __stcg(dst + j * kWgThreads, make_float4(fin[4 * j], fin[4 * j + 1], fin[4 * j + 2], fin[4 * j + 3]));
+    }
+  }
+  __threadfence();  // release: this thread's partial before the warpgroup's arrival
+  named_bar_sync(bar_id, kWgThreads);
+  if (tid == 0) {
+    int* flag = ep.split_flags + tile * CONSUMERS + cw;
+    const bool last = atomicAdd(flag, 1) == splits - 1;
+    if (last) atomicExch(flag, 0);  // every split of this tile has arrived: zero at rest again
+    *note = last;
+  }
+  named_bar_sync(bar_id, kWgThreads);
+  if (!*note) return false;
+  __threadfence();  // acquire: the other splits' partials after their arrivals
+  // fin = p_0 + p_1 + ... + p_{splits-1} in this order, this split's own slot read back too (it is in L2;
+  // summing in place keeps one accumulator's registers: with a second one the 128- and 144-wide split
+  // kernels spilled); -0 is the exact identity of the fp32 add. kDepth splits' loads in flight at once
+  // (up to 64 registers of them), so the sum waits for ceil(splits / kDepth) L2 round trips, not splits.
+  constexpr int kDepth = BN >= 128 ? 1 : 128 / BN;
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) fin[i] = -0.f;
+#pragma unroll 1
+  for (int s0 = 0; s0 < splits; s0 += kDepth) {
+    float4 v[kDepth][kVecs];
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      const float4* src = reinterpret_cast<const float4*>(split_slot<BN>(ep, first + s0 + d, CONSUMERS, cw)) + tid;
+#pragma unroll
+      for (int j = 0; j < kVecs; ++j) {
+        v[d][j] = make_float4(0.f, 0.f, 0.f, 0.f);  // (no value carried over from the previous round)
+        if (j < nvec && s0 + d < splits) v[d][j] = __ldcg(src + j * kWgThreads);
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+#pragma unroll
+      for (int j = 0; j < kVecs; ++j) {
+        if (s0 + d < splits) {  // (fragments j >= nvec add zeros: never stored)
+          fin[4 * j] += v[d][j].x;
+          fin[4 * j + 1] += v[d][j].y;
+          fin[4 * j + 2] += v[d][j].z;
+          fin[4 * j + 3] += v[d][j].w;
+        }
+      }
+    }
+  }
+  return true;
 }
 
 }  // namespace fp8sm90

@@ -17,8 +17,9 @@
 // (BN 16 / 32 / 64: direct stores of the transposed tile) and the large-M swapped tiles (BN 128 / 144,
 // taken for N <= M: per-channel scale_b becomes a row scale; 16-bit outputs staged transposed with
 // stmatrix .trans and stored with TMA, see stage_tile_16bit_swap).
-// SPLIT: each output tile is `splits` work items over consecutive K ranges (split_tile), each writing
-// scaled fp32 partial sums; BLK: fine-grained scales (sm90_blockscale.cuh).
+// SPLIT: each output tile is `splits` work items over consecutive K ranges (split_tile); the last of them
+// to finish sums the raw partials in split order and runs the epilogue (split_fixup, sm90_epilogue.cuh):
+// one launch. BLK: fine-grained scales (sm90_blockscale.cuh).
 // Programmatic dependent launch (pdl.h): barrier init, tensor-map prefetch, setmaxnreg and the L2
 // prefetch of the first weight k-blocks (prefetch_kb > 0) run before griddepcontrol.wait, which every
 // thread that touches global memory (the producer thread, the consumers) passes first; the producer
@@ -175,8 +176,13 @@ __global__ void __launch_bounds__(TileCfg<BN, SWAP, BLK, BM>::kThreads, 1)
         }
       }
 
-      finish_tile<BN, SWAP>(fin, ep, pf, vec, ctile, &tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0,
-                            SPLIT ? split * ep.split_stride : 0);
+      if constexpr (SPLIT) {  // the tile's last split sums the partials and runs the epilogue; the others skip it
+        if (!split_fixup<BN, C::kConsumers>(fin, ep, t, cw, tid, bar_id, row0 < (SWAP ? ep.N : ep.M),
+                                            col_base + 2 * (lane % 4), SWAP ? ep.M : ep.N,
+                                            reinterpret_cast<volatile int*>(vec)))
+          continue;
+      }
+      finish_tile<BN, SWAP>(fin, ep, pf, vec, ctile, &tma_out, row0, col_base, lr0, lane, tid, bar_id, tile_row0);
     }
     if ((!SWAP || swap_tma_store<BN, SWAP>()) && tid == 0) bulk_wait0();
   }

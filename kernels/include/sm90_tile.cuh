@@ -33,10 +33,12 @@ struct EpiParams {
   int tma_store;  // 1: epilogue through shared memory + TMA store (N * esize % 16 == 0; swapped: swap_tma_store, 16-bit)
   int group_m;    // tile raster group height in row-blocks (kGroupM unless overridden, see sm90_host.cu)
   // Split K (see split_tile): each output tile is computed as `splits` partial sums over consecutive
-  // ranges of kb_per_split k-blocks, each stored (fp32, scaled, no bias) at out + split * split_stride;
-  // the host then sums them (splitk_reduce). splits = 1, kb_per_split = all k-blocks: no split.
+  // ranges of kb_per_split k-blocks, the raw fp32 partials in split_ws, summed by the tile's last split
+  // (split_fixup, sm90_epilogue.cuh; split_flags: its arrival counters). splits = 1, kb_per_split = all
+  // k-blocks: no split.
   int splits, kb_per_split;
-  long split_stride;  // elements between two splits' [M, N] partial outputs
+  float* split_ws;   // tiles x splits x BM x BN floats (sm90_api.h split_workspace_floats)
+  int* split_flags;  // one arrival counter per tile and consumer warpgroup, zero at rest
   // The tile walk's divisors as host-made FastDiv constants (tile_coords, split_tile): group_m x
   // num_n tiles per raster group, group_m, the last group's height (num_m % group_m, or group_m),
   // and splits.

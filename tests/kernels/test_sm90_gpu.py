@@ -339,15 +339,19 @@ def test_rows64_bitwise_repeatable(cfg):
 
 
 # --------------------------------------------------------------- split K (few tiles, long K)
-#: Split K sums up to `splits` fp32 partials (each scaled, no bias) in a second kernel that adds the
-#: bias and casts: every config that can split, forced factors (an upper bound: a factor with empty
-#: K ranges runs fewer splits), M / N / K tails, every output dtype, with and without a bias.
+#: Split K in one launch: each split writes its raw fp32 partial to the workspace, the last split of a
+#: tile sums them in split order and runs the epilogue (sm90_epilogue.cuh split_fixup): every config that
+#: can split, forced factors (an upper bound: a factor with empty K ranges runs fewer splits), K ragged
+#: (K % 128 != 0: the last range is short), M 1 / 7 / 64 / 129, N tails, every output dtype, with and
+#: without a bias. The block-scaled split instances (the same fix-up and epilogue) are in
+#: test_sm90_block_gpu.py.
 SPLIT_CFGS = [c.id for c in configs.CONFIGS if c.split_k]
 
 
 @pytest.mark.parametrize("cfg", SPLIT_CFGS)
-@pytest.mark.parametrize("splits", [2, 3, 16])
-@pytest.mark.parametrize("m, n, k", [(64, 4104, 16400), (129, 200, 1040), (1, 72, 4096), (7, 8, 48)])
+@pytest.mark.parametrize("splits", [2, 3, 5, 8, 16])
+@pytest.mark.parametrize("m, n, k", [(64, 4104, 16400), (129, 200, 1040), (1, 72, 4096), (7, 8, 48),
+                                     (7, 1000, 3088)])
 @pytest.mark.parametrize("out_dtype", OUTS)
 def test_split_k(cfg, splits, m, n, k, out_dtype):
     """Within the bars, or (where the unsplit kernel itself is at the bar: the 128-wide configs' single
@@ -367,8 +371,8 @@ def test_split_k(cfg, splits, m, n, k, out_dtype):
 
 @pytest.mark.parametrize("cfg", [3, 7, 19])
 def test_split_k_zero_bias_and_repeatable(cfg):
-    """A zero bias and no bias give the same bits (the reduction adds + 0 either way), and repeated
-    launches agree bit for bit (the splits are summed in a fixed order)."""
+    """A zero bias and no bias give the same bits (the epilogue adds + 0 either way), and repeated
+    launches agree bit for bit (the last split sums the partials in split order, whichever arrives last)."""
     a, b, sa, sb, _ = make_inputs(64, 4104, 8192, E4, E4, "row", "tensor")
     zero = torch.zeros(4104, device=DEV)
     first = run_poisoned(a, b, sa, sb, zero, torch.bfloat16, cfg, splits=8)
@@ -377,6 +381,67 @@ def test_split_k_zero_bias_and_repeatable(cfg):
     for _ in range(10):
         assert torch.equal(first, run_poisoned(a, b, sa, sb, None, torch.bfloat16, cfg, splits=8))
     check(first, reference(a, b, sa, sb, None), torch.bfloat16, f"cfg={cfg} splits=8")
+
+
+def _split_graph(fn):
+    """``fn`` captured in a CUDA graph (after one eager warm-up call on the capture stream); returns the graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    return g
+
+
+@pytest.mark.parametrize("cfg, m, n, k, splits", [(1, 1, 1000, 16400, 8), (17, 7, 2056, 8200, 5),
+                                                  (19, 64, 520, 4112, 3), (7, 129, 200, 9232, 6),
+                                                  (10, 100, 300, 4160, 4), (16, 40, 1000, 16400, 2)])
+def test_split_k_bitwise_across_launches_and_graph_replays(cfg, m, n, k, splits):
+    """Three eager launches and three replays of a CUDA graph of the launch give the same bits: the
+    arrival counters are zero again after every launch (the graph replays reuse them) and the sum's
+    order does not depend on which split arrives last."""
+    a, b, sa, sb, bias = make_inputs(m, n, k, E4, E4, "row", "row", torch.bfloat16)
+    sa1, sb1 = sa.reshape(-1), sb.reshape(-1)
+    eager = [run_poisoned(a, b, sa, sb, bias, torch.bfloat16, cfg, splits=splits) for _ in range(3)]
+    for e in eager[1:]:
+        assert torch.equal(e.view(torch.int16), eager[0].view(torch.int16)), f"cfg={cfg}: eager launches differ"
+    check(eager[0], reference(a, b, sa, sb, bias), torch.bfloat16, f"cfg={cfg} splits={splits}")
+    out = torch.empty(m, n, device=DEV, dtype=torch.bfloat16)
+    g = _split_graph(lambda: kern.sm90_gemm_out(a, b, sa1, sb1, bias, out, cfg, False, splits))
+    for i in range(3):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), eager[0].view(torch.int16)), f"cfg={cfg}: replay {i} differs"
+    # the eager launch after the replays: the counters are still zero
+    again = run_poisoned(a, b, sa, sb, bias, torch.bfloat16, cfg, splits=splits)
+    assert torch.equal(again.view(torch.int16), eager[0].view(torch.int16))
+
+
+def test_split_k_counters_reused_by_a_sequence_of_shapes():
+    """Split launches of different shapes, tile counts and split factors back to back on one stream (no
+    synchronization between them, PDL on) share the arrival counters: each result is within the bars and
+    the same bits as the same launch run alone."""
+    cases = [(1, 1, 4104, 16400, 8), (7, 7, 200, 1040, 3), (17, 129, 2056, 8200, 4), (19, 33, 1000, 4160, 2),
+             (1, 1, 4104, 16400, 8), (3, 64, 6000, 9000, 5)]
+    inputs = [make_inputs(m, n, k, E4, E5, "tensor", "row", torch.float16 if i % 2 else None)
+              for i, (_, m, n, k, _) in enumerate(cases)]
+    alone = [run_poisoned(a, b, sa, sb, bias, torch.bfloat16, cfg, splits=s)
+             for (cfg, _, _, _, s), (a, b, sa, sb, bias) in zip(cases, inputs)]
+    outs = [torch.full_like(x, float("nan")) for x in alone]
+    for _ in range(2):
+        for (cfg, _, _, _, s), (a, b, sa, sb, bias), out in zip(cases, inputs, outs):
+            kern.sm90_gemm_out(a, b, sa.reshape(-1), sb.reshape(-1), bias, out, cfg, False, s)
+    torch.cuda.synchronize()
+    for (cfg, m, n, k, s), (a, b, sa, sb, bias), out, ref in zip(cases, inputs, outs, alone):
+        what = f"cfg={cfg} M={m} N={n} K={k} splits={s}"
+        assert torch.equal(out.view(torch.int16), ref.view(torch.int16)), what
+        check(out, reference(a, b, sa, sb, bias), torch.bfloat16, what)
 
 
 def test_split_k_auto_choice_runs():

@@ -132,7 +132,7 @@ def test_select_config_small_m_small_problem(monkeypatch):
     (8192, 4096, 7, 128, 128, False)])
 def test_select_config(m, n, cid, bm, bn, swap, monkeypatch):
     """The tile for M and N, split K off: up to ROWS64_MAX_M the 64-row tile with the most tiles in one
-    wave (where the 128-row choice splits K it is kept: test_rows64_twins)."""
+    wave (with split K, where it has more work items than the 128-row choice: test_rows64_twins)."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     monkeypatch.setenv(configs.ENV_SPLITS, "1")
     c = configs.select_config(m, n, 4096)
@@ -315,8 +315,9 @@ def test_tiles():
 def test_rows64_twins(monkeypatch):
     """The 64-row twins (configs 17-19) are the 128-row decode configs with half the rows per tile and
     otherwise the same tile width and operand order (two accumulators); the choice takes a twin only where
-    its grid fits one wave, the 128-row config would not split K, and the launch has no block scales
-    (unless ROWS64_BLOCK: their block instances are not yet measured)."""
+    its grid fits one wave, the launch has no block scales (unless ROWS64_BLOCK: their block instances are
+    not yet measured) and the 128-row choice does not split K, or (above ROWS64_OVER_SPLIT_MIN_M) it splits
+    into fewer work items (tiles x splits) than the 64-row grid has."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
     assert set(configs.ROWS64_TWIN.values()) == {c.id for c in configs.CONFIGS if c.block_m == 64}
@@ -333,13 +334,22 @@ def test_rows64_twins(monkeypatch):
                 assert blk.block_scales and (blk.block_m == 128 or configs.ROWS64_BLOCK), (m, n, k, blk.id)
                 if c.block_m != 64:
                     continue
-                base = configs.CONFIG_BY_ID[{v: b for b, v in configs.ROWS64_TWIN.items()}[c.id]]
+                twin_base = configs.CONFIG_BY_ID[{v: b for b, v in configs.ROWS64_TWIN.items()}[c.id]]
+                rows128 = configs._select_rows128(m, n, k, 132, False, False)
                 assert configs.tiles(c, m, n) <= 132, (m, n, k)
-                assert configs.select_splits(base, m, n, k) == 1, (m, n, k)
-                assert configs.tiles(c, m, n) == 2 * configs.tiles(base, m, n) - (-(-n // 64) % 2)
-    # where the 128-row config splits K, it stays (4096 x 14336: 32 tiles, 4 splits of 28 k-blocks)
+                assert configs.select_splits(rows128, m, n, k) == 1, (m, n, k)  # M <= ROWS64_OVER_SPLIT_MIN_M
+                assert configs.tiles(c, m, n) == 2 * configs.tiles(twin_base, m, n) - (-(-n // 64) % 2)
+    # up to M = 64, where the 128-row config splits K, it stays (4096 x 14336: 32 tiles, 4 splits of 28 k-blocks)
     assert configs.select_config(1, 4096, 14336).id == 1
     assert configs.select_config(64, 4096, 14336).id == configs.SWAP64_DBL_CONFIG
+    assert configs.select_config(64, 2048, 8192).id == configs.SWAP64_DBL_CONFIG
+    # above it, the 64-row grid where it has more work items: Llama-3.2-1B down (2048 x 8192) at M = 128,
+    # 32 x 4 tiles 32 wide against config 7's 16 tiles x 2 splits; a tie keeps config 7 (4096 x 14336: 64 x 2
+    # tiles 64 wide against 32 x 4)
+    assert configs.work_items(configs.CONFIG_BY_ID[7], 128, 2048, 8192) == 16 * 2
+    assert configs.select_config(128, 2048, 8192).id == 18
+    assert configs.work_items(configs.CONFIG_BY_ID[19], 128, 4096, 14336) == 128
+    assert configs.select_config(128, 4096, 14336).id == configs.LARGE_M_CONFIG
     # split K forced off: the twin
     monkeypatch.setenv(configs.ENV_SPLITS, "1")
     assert configs.select_config(1, 4096, 14336).id == 17
@@ -372,6 +382,11 @@ def test_split_count_leaves_no_empty_range():
     (64, 28672, 4096, 1),
     (2048, 4096, 4096, 1),
     (16, 256, 16384, 5),     # 2 tiles, 128 k-blocks: 5 splits of >= 24
+    (128, 5120, 27648, 3),   # config 7, 40 tiles (under half the SMs), 216 k-blocks: 3 splits of >= 48
+    (256, 4096, 14336, 2),   # config 7, 64 tiles, 112 k-blocks: 2 splits of 56
+    (256, 4096, 4096, 1),    # 64 tiles, 32 k-blocks: ranges shorter than MIN_KB_PER_SPLIT_LONG_K
+    (64, 5120, 27648, 1),    # the swapped config 16 keeps the quarter: 40 tiles do not split
+    (256, 8448, 28672, 1),   # 132 tiles: every SM busy
 ])
 def test_select_splits(m, n, k, want, monkeypatch):
     monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
