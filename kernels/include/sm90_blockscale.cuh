@@ -123,8 +123,8 @@ constexpr bool blk_cut_dispatch() {
 }
 
 // The tile's weight factors staged in shared memory (the dense kernel, sm90_gemm.cuh): at the tile
-// start each thread of the consumer warpgroup loads up to kWFacCap / 128 k-blocks' worth of the tile's
-// scale_b rows from global memory (the first 128 into registers as the tile starts, `pre`), stores them
+// start each thread of the consumer warpgroup loads up to kWFacCap / 128 entries of each of the tile's
+// scale_b rows from global memory (entry tid into a register as the tile starts, `pre`), stores them
 // into the warpgroup's buffer for this tile (`buf`: one of two, alternate tiles, so the stores of tile
 // t never meet the reads of tile t - 1: every thread finished those before it passed tile t - 1's
 // barrier, two tiles back for this buffer) once the tile's first k-block is issued (tile_start), and

@@ -98,8 +98,8 @@ struct StagesPerTile<Pro, std::void_t<decltype(Pro::kStagesPerTile)>> : std::boo
 // after_first() runs right after the first k-block's wgmmas are issued (the tile's epilogue prefetch:
 // its address arithmetic and loads then overlap the MMAs instead of delaying the first issue).
 // pro: the promotion (PlainPromote or BlkPromote); f0 / f1: the factors of a0's / a1's k-block, loaded
-// from its stage right after its full barrier, before its wgmmas are issued (the tile's first k-block's
-// after its issue, after_first and pro.tile_start when Pro stages per-tile data).
+// from its stage right after its full barrier, before its wgmmas are issued (when Pro stages per-tile
+// data: the tile's first k-block's after its issue, pro.tile_start and after_first).
 template <int BN, int FA, int FB, int S, int kStageA, int kStageB, class AfterFirst, class Pro>
 __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint8_t* sA, const uint8_t* sB,
                                                 uint64_t* full, uint64_t* empty, int& stage, uint32_t& phase,
