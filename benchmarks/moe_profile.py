@@ -30,6 +30,8 @@ import time
 
 import torch
 
+from benchmarks.common.kernel_names import first_match
+
 #: Module kinds by qualified name (first match wins), hooked for host time, GPU span and profiler ranges.
 MODULE_KINDS = (
     ("embedding", r"embed_tokens$"),
@@ -51,7 +53,6 @@ CATEGORIES = (
     ("grouped fp8 gemm (ours)", r"fp8_grouped_sm90"),
     ("dense fp8 gemm (ours)", r"fp8_gemm_sm90|sm90_gemm"),
     ("act quant (ours)", r"quant_rows|quant_groups|act_quant"),
-    ("split-K reduce (ours)", r"splitk_reduce"),
     ("bf16 grouped_mm", r"GroupProblemShape|[Gg]rouped"),
     ("attention", r"flash|fmha|attn|attention|sdpa|efficient"),
     ("cuBLAS gemm", r"nvjet|gemm|gemv|xmma|cutlass|cublas"),
@@ -71,18 +72,17 @@ TOP_KERNELS = 15
 
 
 def category(name: str) -> str:
-    """The :data:`CATEGORIES` label of a GPU kernel's name, ``other`` when none matches."""
-    return next((label for label, pattern in CATEGORIES if re.search(pattern, name)), "other")
+    """The :data:`CATEGORIES` label of a GPU kernel's name (the first pattern that matches), else ``other``."""
+    return first_match(name, CATEGORIES)
 
 
 def module_kinds(model) -> dict[str, list[tuple[str, torch.nn.Module]]]:
     """``{kind: [(qualified name, module), ...]}`` of :data:`MODULE_KINDS` in ``model``."""
     out: dict[str, list] = collections.defaultdict(list)
     for name, m in model.named_modules():
-        for kind, pattern in MODULE_KINDS:
-            if re.search(pattern, name):
-                out[kind].append((name, m))
-                break
+        kind = first_match(name, MODULE_KINDS, default="")
+        if kind:
+            out[kind].append((name, m))
     return dict(out)
 
 

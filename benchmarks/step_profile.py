@@ -6,7 +6,7 @@ transformers' compiled static-cache ``generate`` once per path and batch (compil
 ``--new-tokens`` and of ``--new-tokens + --extra-tokens`` tokens, under ``torch.profiler``; their
 difference divided by ``--extra-tokens`` is one steady decode step (prefill, the first step's graph
 recording and per-call costs cancel). Every GPU kernel is sorted into a category (our FP8 GEMM,
-our activation quantization, split-K reduce, cuBLAS GEMMs, attention, inductor's Triton kernels,
+our activation quantization, cuBLAS GEMMs, attention, inductor's Triton kernels,
 copies, other). Per path and batch it prints, per decode step: the kernel count and GPU time of each
 category, the GPU busy time (the union of kernel intervals) and the idle time between kernels
 (span minus busy time), and the host wall time. This locates a difference between two paths' "rest" of the step
@@ -39,6 +39,7 @@ import torch
 
 from benchmarks.common import trace_gaps
 from benchmarks.common.budget import Budget
+from benchmarks.common.kernel_names import first_match
 from benchmarks.common.cuda_clock import is_cuda, sync
 from benchmarks.common.fp8_swap import calibrate, decoder_linears, fp8_layers, swap_in
 from benchmarks.common.generate_clock import reset_compiled, timed_generate
@@ -51,7 +52,6 @@ from fp8_linear import fuse_projections, unfuse_projections
 CATEGORIES = (
     ("fp8 gemm (ours)", r"fp8_gemm_sm90|grouped_gemm_sm90"),
     ("act quant (ours)", r"quant_rows_kernel|quant_groups_kernel"),
-    ("split-K reduce (ours)", r"splitk_reduce"),
     ("inductor triton", r"^triton_"),
     ("cuBLAS/cuBLASLt gemm", r"nvjet|gemm|gemv|xmma|cutlass|cublas"),
     ("attention", r"flash|fmha|attn|attention|sdpa|efficient"),
@@ -63,10 +63,7 @@ GAP_ROWS = 15
 
 def category(name: str) -> str:
     """The :data:`CATEGORIES` label of a GPU kernel's name (the first pattern that matches), else ``other``."""
-    for label, pattern in CATEGORIES:
-        if re.search(pattern, name):
-            return label
-    return "other"
+    return first_match(name, CATEGORIES)
 
 
 def busy_us(intervals: list[tuple[float, float]]) -> float:

@@ -11,7 +11,6 @@ from benchmarks import step_profile as sp
 @pytest.mark.parametrize("name,want", [
     ("void fp8sm90::fp8_gemm_sm90_kernel<16, true, 4, 0, 0, false, false, false>(CUtensorMap_st)", "fp8 gemm (ours)"),
     ("void fp8act::(anonymous namespace)::quant_rows_kernel<__nv_bfloat16, 0, 0, true>(...)", "act quant (ours)"),
-    ("fp8sm90::(anonymous namespace)::splitk_reduce_kernel(float const*, int)", "split-K reduce (ours)"),
     ("nvjet_sm90_tst_64x8_64x16_2x1_v_bz_TNT", "cuBLAS/cuBLASLt gemm"),
     ("cudnn_generated_fort_native_sdpa_sm80_flash_fprop_wmma_f16_knob_35", "attention"),
     ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_14", "inductor triton"),
