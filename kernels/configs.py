@@ -222,10 +222,10 @@ MIN_KB_PER_SPLIT_LONG_K = 48
 #: splits, 10.1 / 10.7 us at M = 1 / 16 against 10.5 / 10.9 in 4.
 MIN_KB_PER_SPLIT_SWAP128 = 16
 SPLIT_SWAP128_BUSY_FRACTION = 0.5
-#: Splits whose partials the last split of a tile loads in one round (sm90_epilogue.cuh split_fixup's
-#: kDepth: 128 registers a thread, 256 / BN splits of a 64 x BN slot); the swapped configs' factor stays
-#: within it, so the fix-up waits for one L2 round trip.
-FIXUP_FLOATS_PER_ROUND = 256
+#: Splits x tile width (BN) whose partials the last split of a tile loads in one round (sm90_epilogue.cuh
+#: split_fixup's kDepth = 256 / BN splits for BN <= 128: 128 registers a thread); the swapped configs'
+#: factor stays within it, so their fix-up waits for one L2 round trip.
+FIXUP_ROUND_WIDTH = 256
 #: Upper bound of the split factor that select_splits picks by itself...
 MAX_SPLITS = 16
 #: ...and of any split factor, FP8_LINEAR_SM90_SPLITS included (the binding refuses more).
@@ -393,5 +393,5 @@ def select_splits(config: KernelConfig, m: int, n: int, k: int, num_sms: int = 1
     want = min(num_sms // t, num_kb // min_kb, MAX_SPLITS)
     if want > 1 and config.swap_ab and config.block_m == BLOCK_M:
         want = max(want, min(int(num_sms * SPLIT_SWAP128_BUSY_FRACTION) // t, num_kb // MIN_KB_PER_SPLIT_SWAP128,
-                             MAX_SPLITS, FIXUP_FLOATS_PER_ROUND // config.block_n))
+                             MAX_SPLITS, FIXUP_ROUND_WIDTH // config.block_n))
     return split_count(num_kb, want)
