@@ -1,6 +1,7 @@
 """Mixed precision to a KL budget on SmolLM2-135M, against keeping every FFN projection in BF16.
 
     python benchmarks/mixed_precision_budget.py [--scheme fp8-channel] [--samples 16] [--windows 8]
+    python benchmarks/mixed_precision_budget.py --quick     # 8 calibration windows, 2 per text: the time check
 
 1. ``ffn-bf16``: ``quantize_model(..., ignore=("lm_head", "re:.*\\.mlp\\..*"))``: attention projections
    in FP8, all 90 FFN projections (gate / up / down) in BF16. Its KL on the held-out slice of the
@@ -11,7 +12,8 @@
 Both are then measured on text neither saw: the ``choose`` and ``report`` halves of the embedded eval
 split and the standard-library docstrings (``--windows`` windows of 512 tokens each, spread over each text), bf16
 against the unquantized bf16 model. Prints BF16 layer counts, weight memory, KL and perplexity; writes
-JSON to ``--out``.
+JSON to ``--out`` with the GPTQ recipe it ran (the package defaults, or ``--act-order off --hessian-tokens
+4096`` for the earlier recipe), the CPU and the torch version.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import copy
 import datetime
 import json
 import pathlib
+import platform
 import sys
 import time
 
@@ -34,12 +37,28 @@ for p in (ROOT, ROOT / "benchmarks"):
 from benchmarks.common.eval_windows import Reference, spread_windows, to_batches  # noqa: E402
 
 from fp8_linear import FP8Linear, quantize_model  # noqa: E402
+from fp8_linear.calibration import gptq  # noqa: E402
 from fp8_linear.calibration.data import corpus_text, materialize_batches  # noqa: E402
 from fp8_linear.calibration.mixed_precision import measure_kl, reference_logprobs, split_holdout  # noqa: E402
 from fp8_linear.calibration.stdlib_text import stdlib_text, stdlib_text_digest  # noqa: E402
 from fp8_linear.models import load_model  # noqa: E402
 
 FFN_IGNORE = ("lm_head", r"re:.*\.mlp\..*")
+#: ``--quick``: calibration windows and eval windows per text (a time check, not a result).
+QUICK_SAMPLES, QUICK_WINDOWS = 8, 2
+
+
+def cpu_name() -> str:
+    """``lscpu``'s model name (from ``/proc/cpuinfo``) and whether the CPU has AVX-512 and AMX."""
+    try:
+        info = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown"
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "unknown")
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
+    feats = [f for f, key in (("AVX-512", "avx512f"), ("AMX", "amx_tile")) if key in flags]
+    cpus = sum(ln.split(":")[0].strip() == "processor" for ln in info.splitlines())
+    return f"{name} ({', '.join(feats) or 'no AVX-512'}; {cpus} logical CPUs)"
 
 
 def bf16_layers(model) -> list[str]:
@@ -63,12 +82,25 @@ def main() -> int:
     ap.add_argument("--scheme", default="fp8-channel")
     ap.add_argument("--samples", type=int, default=16, help="calibration windows of 512 tokens (1/8 held out)")
     ap.add_argument("--windows", type=int, default=8, help="eval windows per held-out text")
+    ap.add_argument("--act-order", choices=("on", "off"), default=None,
+                    help="GPTQ column order by decreasing H[i, i] (default: the package's, on)")
+    ap.add_argument("--hessian-tokens", type=int, default=None,
+                    help="tokens in each GPTQ H (default: the package's, every calibration token; 4096 = the earlier recipe)")
+    ap.add_argument("--budget-scale", type=float, default=1.0,
+                    help="search with max_kl = this x B (a margin for the shift from the calibration slice to "
+                         "unseen text; default 1); 'within_budget' is still judged against B")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{QUICK_SAMPLES} calibration windows, {QUICK_WINDOWS} eval windows per text: a time check")
     ap.add_argument("--out", default="benchmarks/results/mixed_precision_budget_smollm2_cpu_20261201.json")
     args = ap.parse_args()
+    if args.quick:
+        args.samples, args.windows = QUICK_SAMPLES, QUICK_WINDOWS
+    act_order = None if args.act_order is None else args.act_order == "on"
     t_start = time.time()
     model, tok = load_model(None)
     model = model.to(torch.bfloat16).eval()
-    kw = dict(tokenizer=tok, seq_len=512, max_samples=args.samples, batch_size=4, progress=False)
+    kw = dict(tokenizer=tok, seq_len=512, max_samples=args.samples, batch_size=4, progress=False,
+              act_order=act_order, hessian_tokens=args.hessian_tokens)
     # the budget search's own held-out slice, to turn the ffn-bf16 model's KL into the budget
     batches = materialize_batches(None, tok, seq_len=512, max_samples=args.samples, batch_size=4)
     cal, hold = split_holdout(batches)
@@ -77,13 +109,18 @@ def main() -> int:
     ffn = quantize_model(copy.deepcopy(model), cal_rows, args.scheme, ignore=FFN_IGNORE, **{**kw, "tokenizer": None})
     budget = measure_kl(ffn, hold, refs)
     print(f"ffn-bf16: {len(bf16_layers(ffn))} BF16 layers, held-out-slice KL {budget:.5f} -> budget", flush=True)
-    mixed = quantize_model(copy.deepcopy(model), None, args.scheme, max_kl=budget, **kw)
+    if not 0 < args.budget_scale <= 1:
+        ap.error(f"--budget-scale: expected a factor in (0, 1], got {args.budget_scale}")
+    mixed = quantize_model(copy.deepcopy(model), None, args.scheme, max_kl=args.budget_scale * budget, **kw)
     rep = mixed.fp8_mixed_precision
     print(rep.summary(), flush=True)
     texts = {"choose": corpus_text("choose"), "report": corpus_text("report"), "stdlib": stdlib_text()}
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": "python benchmarks/mixed_precision_budget.py " + " ".join(sys.argv[1:]), "scheme": args.scheme,
-           "calib_windows": args.samples, "budget_kl": budget, "stdlib_sha256": stdlib_text_digest(),
+           "calib_windows": args.samples, "budget_kl": budget, "budget_scale": args.budget_scale,
+           "gptq_act_order": gptq.ACT_ORDER if act_order is None else act_order,
+           "gptq_hessian_tokens": args.hessian_tokens if args.hessian_tokens is not None else gptq.MAX_TOKENS,
+           "cpu": cpu_name(), "torch": torch.__version__, "python": platform.python_version(), "stdlib_sha256": stdlib_text_digest(),
            "search": {"kl_holdout": rep.kl, "kl_se_holdout": rep.kl_se, "margin_se": rep.margin_se,
                       "holdout_tokens": rep.holdout_tokens, "rank_tokens": rep.rank_tokens,
                       "kl_all_fp8_holdout": rep.kl_all_fp8},
