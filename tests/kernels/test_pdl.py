@@ -4,8 +4,8 @@ With PDL a kernel of ours starts while the previous one still runs; every kernel
 (griddepcontrol.wait) before touching global memory. A missing or misplaced wait shows as a race: a
 kernel reading a predecessor's output before it is complete, or writing a buffer (the caching
 allocator reuses the previous layer's activation, scale and split-K workspace blocks) that the
-predecessor still reads. So: chains of FP8Linear calls (activation quantization -> GEMM (-> split-K
-reduce) -> the next layer's quantization ...), captured in CUDA graphs with PDL on and off, replayed
+predecessor still reads. So: chains of FP8Linear calls (activation quantization -> GEMM (split K
+summed inside it) -> the next layer's quantization ...), captured in CUDA graphs with PDL on and off, replayed
 with new inputs written between replays by plain torch kernels, must give bitwise the outputs of the
 same chain run eagerly with PDL off; and the first layer matches fp64 math on its dequantized inputs
 (docs/design.md section 7).
