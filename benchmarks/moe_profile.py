@@ -30,6 +30,7 @@ import time
 
 import torch
 
+from benchmarks.common.cuda_clock import is_cuda, sync
 from benchmarks.common.kernel_names import first_match
 
 #: Module kinds by qualified name (first match wins), hooked for host time, GPU span and profiler ranges.
@@ -154,33 +155,28 @@ class ModuleHooks:
             setattr(mod, attr, fn)
 
 
-def _sync(cuda: bool) -> None:
-    if cuda:
-        torch.cuda.synchronize()
-
-
-def clock(model, ids: torch.Tensor, reps: int, cuda: bool) -> dict:
+def clock(model, ids: torch.Tensor, reps: int) -> dict:
     """Median wall ms (synchronized) and host ms (until the call returns) of ``model(ids)`` over ``reps``."""
     wall, host = [], []
     for _ in range(reps):
-        _sync(cuda)
+        sync(ids.device)
         t0 = time.perf_counter()
         model(ids)
         t1 = time.perf_counter()
-        _sync(cuda)
+        sync(ids.device)
         host.append((t1 - t0) * 1e3)
         wall.append((time.perf_counter() - t0) * 1e3)
     return dict(wall_ms=statistics.median(wall), host_ms=statistics.median(host))
 
 
-def module_times(model, ids: torch.Tensor, reps: int, cuda: bool) -> dict:
+def module_times(model, ids: torch.Tensor, reps: int) -> dict:
     """Per module kind: host ms and GPU span ms per forward (means over ``reps`` forwards)."""
-    hooks = ModuleHooks(model, events=cuda, ranges=False)
+    hooks = ModuleHooks(model, events=ids.is_cuda, ranges=False)
     try:
         for _ in range(reps):
             model(ids)
-        _sync(cuda)
-        gpu = hooks.gpu_ms() if cuda else {}
+        sync(ids.device)
+        gpu = hooks.gpu_ms() if ids.is_cuda else {}
         return {k: dict(host_ms=hooks.host[k] * 1e3 / reps, gpu_span_ms=gpu[k] / reps if k in gpu else None)
                 for k in hooks.host}
     finally:
@@ -205,19 +201,19 @@ def _parent_chain(evt, depth: int = 3) -> str:
     return " < ".join(names)
 
 
-def profile_forwards(model, ids: torch.Tensor, reps: int, cuda: bool) -> dict:
+def profile_forwards(model, ids: torch.Tensor, reps: int) -> dict:
     """``torch.profiler`` over ``reps`` forwards with module ranges: kernel categories, top kernels, CPU ops and
     syncs per forward (see the module docstring)."""
     from torch.profiler import ProfilerActivity, profile
 
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ids.is_cuda else [])
     hooks = ModuleHooks(model, events=False, ranges=True)
     try:
-        _sync(cuda)
+        sync(ids.device)
         with profile(activities=acts) as prof:
             for _ in range(reps):
                 model(ids)
-            _sync(cuda)
+            sync(ids.device)
     finally:
         hooks.remove()
     events = prof.events()
@@ -251,7 +247,7 @@ def profile_forwards(model, ids: torch.Tensor, reps: int, cuda: bool) -> dict:
         aten_ops_by_kind={k: {n: c / per for n, c in v.most_common()} for k, v in op_names.items()},
         ranges={k: dict(host_ms=v["host_us"] / per / 1e3, kernel_ms=v["kernel_us"] / per / 1e3)
                 for k, v in ranges.items()},
-        table=prof.key_averages().table(sort_by=_sort_key(cuda), row_limit=TOP_KERNELS),
+        table=prof.key_averages().table(sort_by=_sort_key(ids.is_cuda), row_limit=TOP_KERNELS),
     )
 
 
@@ -285,16 +281,16 @@ def kernel_figures(cats: dict, names: dict, per: float) -> dict:
         top_kernels=[dict(name=n[:160], calls=c / per, ms=us / per / 1e3) for n, (c, us) in top])
 
 
-def _profiled(fn, cuda: bool) -> tuple[dict, dict, float]:
+def _profiled(fn, device) -> tuple[dict, dict, float]:
     """``fn()`` under the profiler (CUDA kernels only on a GPU: the host ops of ``generate`` are not
     needed): :func:`kernel_sums` and the synchronized wall ms."""
     from torch.profiler import ProfilerActivity, profile
 
-    _sync(cuda)
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA if is_cuda(device) else ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
         fn()
-        _sync(cuda)
+        sync(device)
         wall = (time.perf_counter() - t0) * 1e3
     return (*kernel_sums(_split(prof.events())[0]), wall)
 
@@ -305,7 +301,6 @@ def profile_decode(model, label: str, new: int, device) -> dict:
     prefill only) profiled after two warm-up calls (compile, CUDA-graph capture); their difference over
     ``new - 1`` steps is one step (prefill and per-call costs cancel). Prints and returns the step's wall
     ms, kernels and GPU busy ms by category and the top kernels."""
-    cuda = torch.device(device).type == "cuda"
     prompt = torch.randint(0, model.config.vocab_size, (1, 16), device=device)
     kw = dict(do_sample=False, cache_implementation="static")
 
@@ -315,8 +310,8 @@ def profile_decode(model, label: str, new: int, device) -> dict:
     with torch.inference_mode():
         for _ in range(2):
             gen(new)()
-        c1, n1, w1 = _profiled(gen(1), cuda)
-        cn, nn_, wn = _profiled(gen(new), cuda)
+        c1, n1, w1 = _profiled(gen(1), device)
+        cn, nn_, wn = _profiled(gen(new), device)
     steps = new - 1
     cats = {k: [v[0] - c1.get(k, [0, 0.0])[0], v[1] - c1.get(k, [0, 0.0])[1]] for k, v in cn.items()}
     names = {k: [v[0] - n1.get(k, [0, 0.0])[0], v[1] - n1.get(k, [0, 0.0])[1]] for k, v in nn_.items()}
@@ -340,15 +335,14 @@ def _sort_key(cuda: bool) -> str:
 def profile_prefill(model, label: str, prefill: int, reps: int, device) -> dict:
     """:func:`clock`, :func:`module_times` and :func:`profile_forwards` of one eager ``model(ids)`` of
     ``[1, prefill]`` random tokens (two warm-up forwards first); prints the figures."""
-    cuda = torch.device(device).type == "cuda"
     ids = torch.randint(0, model.config.vocab_size, (1, prefill), device=device)
     with torch.inference_mode():
         for _ in range(2):
             model(ids)
-        _sync(cuda)
-        out = dict(model=label, prefill=prefill, **clock(model, ids, reps, cuda))
-        out["modules"] = module_times(model, ids, reps, cuda)
-        out["profile"] = profile_forwards(model, ids, reps, cuda)
+        sync(ids.device)
+        out = dict(model=label, prefill=prefill, **clock(model, ids, reps))
+        out["modules"] = module_times(model, ids, reps)
+        out["profile"] = profile_forwards(model, ids, reps)
     print_profile(out)
     return out
 

@@ -38,6 +38,7 @@ import time
 import torch
 
 from benchmarks.common import trace_gaps
+from benchmarks.common.trace_gaps import busy_us
 from benchmarks.common.budget import Budget
 from benchmarks.common.kernel_names import first_match
 from benchmarks.common.cuda_clock import is_cuda, sync
@@ -64,19 +65,6 @@ GAP_ROWS = 15
 def category(name: str) -> str:
     """The :data:`CATEGORIES` label of a GPU kernel's name (the first pattern that matches), else ``other``."""
     return first_match(name, CATEGORIES)
-
-
-def busy_us(intervals: list[tuple[float, float]]) -> float:
-    """Length of the union of ``(start, end)`` intervals (us)."""
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if s > end:
-            total += e - s
-            end = e
-        elif e > end:
-            total += e - end
-            end = e
-    return total
 
 
 def stop_after(length: int):

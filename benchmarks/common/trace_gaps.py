@@ -226,7 +226,8 @@ def _kind(trace: Trace, prev: Activity, nxt: Activity) -> str:
     return "eager, host late" if call.start > prev.end else "eager, queued"
 
 
-def _union(intervals: list[tuple[float, float]]) -> float:
+def busy_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals (us): the time some activity runs."""
     total, end = 0.0, float("-inf")
     for s, e in sorted(intervals):
         if s > end:
@@ -286,7 +287,7 @@ def analyze(trace: Trace, windows: list[Window], category: Callable[[str], str] 
     pair_kinds: dict[tuple[str, str], Counter] = defaultdict(Counter)
     for w in windows:
         acts, gaps = window_gaps(trace, w)
-        busy = _union([(a.start, min(a.end, w.end)) for a in acts])
+        busy = busy_us([(a.start, min(a.end, w.end)) for a in acts])
         spans.append(w.end - w.start)
         hosts.append(w.host_end - w.host_start)
         busys.append(busy)
@@ -336,4 +337,4 @@ def analyze(trace: Trace, windows: list[Window], category: Callable[[str], str] 
 
 
 __all__ = ["API_CATS", "Activity", "ApiCall", "GAP_KINDS", "GPU_CATS", "Trace", "TraceError", "Window", "analyze",
-           "count_activities", "count_calls", "load_events", "parse", "short_name", "step_windows", "window_gaps"]
+           "busy_us", "count_activities", "count_calls", "load_events", "parse", "short_name", "step_windows", "window_gaps"]
