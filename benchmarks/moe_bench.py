@@ -53,6 +53,7 @@ from fp8_linear.grouped_gemm import (
 )
 from fp8_linear.moe.grouped_backends import PER_EXPERT, SM90_GROUPED, TORCH_GROUPED
 
+from benchmarks.common.cuda_clock import is_cuda
 from benchmarks.common.random_model import from_fields
 from benchmarks.moe_loop import ScaledMMLoop
 
@@ -75,10 +76,6 @@ TINY_TOKENS = dict(decode=(1, 8), prefill=(64,))
 SCALES = ("tensor", "channel", "block")
 
 
-def _cuda(device) -> bool:
-    return torch.device(device).type == "cuda"
-
-
 def route(tokens: int, experts: int, k: int, device, seed: int = 0) -> torch.Tensor:
     """Routed rows per expert ``[E]`` (int64) of ``tokens`` tokens: top-``k`` of a softmax of random logits."""
     g = torch.Generator().manual_seed(seed)
@@ -88,7 +85,7 @@ def route(tokens: int, experts: int, k: int, device, seed: int = 0) -> torch.Ten
 
 
 def _time(fns: dict, device, reps: int) -> dict:
-    if _cuda(device):
+    if is_cuda(device):
         from benchmarks.common.timing import median, time_burst
 
         return {n: median(t) if not isinstance(t, str) else t for n, t in time_burst(fns, rounds=reps).items()}
@@ -207,7 +204,7 @@ def block_candidates(counts: torch.Tensor, n: int, k: int, device, scale: str = 
     ends = offsets.tolist()
     problem = make_grouped_problem(a, b, sa, sb, offsets, check_values=False)
     layout = "padded"
-    if _cuda(device):
+    if is_cuda(device):
         from fp8_linear.backends.cublaslt import _block_layout
 
         ok, why, layout = _block_layout(torch.device(device))
@@ -280,11 +277,11 @@ def print_gemm_table(rows: list[dict]) -> None:
 
 # ------------------------------------------------------------------------------------------- model
 def _wall(fn, device) -> float:
-    if _cuda(device):
+    if is_cuda(device):
         torch.cuda.synchronize()
     t0 = time.perf_counter()
     fn()
-    if _cuda(device):
+    if is_cuda(device):
         torch.cuda.synchronize()
     return time.perf_counter() - t0
 
@@ -350,7 +347,7 @@ def each_model(cfg, layers, device, schemes=SCHEMES):
         del model
         torch.compiler.reset()
         gc.collect()
-        if _cuda(device):
+        if is_cuda(device):
             torch.cuda.empty_cache()
 
 
