@@ -5,6 +5,7 @@ Public API (docs/design.md section 3)::
     fp8_gemm(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16)
     quantize_fp8(x, fmt="e4m3", granularity="tensor", scale=None, rounding="nearest")
     FP8Linear, FP8Linear.from_linear(linear, scheme, input_amax=None)
+    FP8Embedding.from_embedding(embedding)  # e4m3 table, one scale per row (quantize_model(quantize_embeddings=True))
     grouped_fp8_gemm(a, b, scale_a, scale_b, offsets, bias=None, out_dtype=torch.bfloat16)  # MoE experts
     FP8Experts.from_experts(experts, scheme, input_amax=None)  # transformers' fused experts (docs/moe.md)
     fuse_projections(model) -> FusionReport / unfuse_projections(model)  # q/k/v, gate/up as one GEMM (docs/serving.md)
@@ -48,6 +49,7 @@ from .formats import FORMATS, fmt_max
 from .gemm import fp8_gemm
 from .grouped_gemm import grouped_fp8_gemm
 from .module import FP8Linear
+from .embedding import FP8Embedding
 from .fusion import FusionError, FusionReport, fuse_projections, unfuse_projections
 from .quantize import dequantize_fp8, quantize_fp8
 from .scheme import PRESETS, QuantScheme, resolve_scheme
@@ -82,7 +84,7 @@ def __getattr__(name):
 
 __all__ = [
     "BackendUnavailableError", "CalibrationError", "CheckpointError", "DeviceError", "FP8LinearError", "ScaleError", "ShapeError",
-    "FORMATS", "fmt_max", "fp8_gemm", "FP8Linear", "dequantize_fp8", "quantize_fp8", "PRESETS", "QuantScheme",
+    "FORMATS", "fmt_max", "fp8_gemm", "FP8Linear", "FP8Embedding", "dequantize_fp8", "quantize_fp8", "PRESETS", "QuantScheme",
     "resolve_scheme", "quantize_model", "compare_schemes", "save_quantized", "load_quantized",
     "FP8LinearConfig", "grouped_fp8_gemm", "FP8Experts", "FusionError", "FusionReport", "fuse_projections",
     "unfuse_projections",
