@@ -27,6 +27,7 @@ from fp8_linear.scheme import QuantScheme, resolve_scheme
 
 from .data import DEFAULT_BATCH_SIZE, DEFAULT_MAX_SAMPLES, DEFAULT_SEQ_LEN, Batch, materialize_batches
 from .gptq import HessianAccumulator, gptq_fp8_many
+from .head_embeddings import check_selected, finish_head_embeddings, plan_head_embeddings
 from .hooks import ObserverHooks
 from .observers import ActivationObserver, weight_scale
 from . import scale_align
@@ -344,6 +345,8 @@ def quantize_model(
     hessian_tokens: int | None = None,
     act_order: bool | None = None,
     max_kl: float | None = None,
+    quantize_lm_head: bool = False,
+    quantize_embeddings: bool = False,
 ) -> nn.Module:
     """Quantize a transformers model to FP8 in place and return it.
 
@@ -384,6 +387,15 @@ def quantize_model(
             calibration batches; :mod:`~fp8_linear.calibration.mixed_precision`). The
             report (kept layers, KL, weight memory) is ``model.fp8_mixed_precision`` and is printed
             when ``progress``. ``None`` (default): every selected layer in FP8.
+        quantize_lm_head: also quantize the output head (``lm_head``), through the same path as the
+            other Linear layers (off by default, as llm-compressor's recipes leave it). Saved as a
+            compressed-tensors layer that is simply not ignored.
+        quantize_embeddings: replace the input embedding by an :class:`~fp8_linear.embedding.FP8Embedding`
+            (e4m3 rows, one scale per row, rounded to nearest). Read back by ``load_quantized`` only, not
+            by vLLM or transformers' compressed-tensors loader (docs/checkpoints.md). A tied model (``lm_head`` sharing the embedding's weight) takes
+            both options or neither and keeps one FP8 table for the two
+            (:mod:`~fp8_linear.calibration.head_embeddings`). Neither option works with ``layerwise`` or
+            ``max_kl``.
 
     Returns:
         ``model``, with every selected ``nn.Linear`` replaced by an ``FP8Linear``.
@@ -393,7 +405,12 @@ def quantize_model(
         CalibrationError: empty / all-padding calibration data, or NaN/inf activations (layer named).
     """
     scheme = resolve_scheme(scheme)
+    extra = plan_head_embeddings(model, scheme, ignore, quantize_lm_head, quantize_embeddings)
+    if extra.active and (layerwise or max_kl is not None):
+        raise ValueError("quantize_lm_head / quantize_embeddings: not supported with layerwise=True or max_kl")
+    ignore = extra.ignore
     targets = select_linears(model, ignore)
+    check_selected(extra, targets)
     if gptq is None:
         gptq = scheme.static or calib_data is not None or tokenizer is not None
     if max_kl is not None:
@@ -408,8 +425,9 @@ def quantize_model(
     if scheme.static or gptq:
         batches = materialize_batches(calib_data, tokenizer, seq_len=seq_len, max_samples=max_samples, batch_size=batch_size, model=model)
         if not layerwise:
-            observers = calibrate(model, targets, batches, progress=progress, histogram=needs_histogram([scheme]),
-                                  hessian=gptq, dtype=calib_dtype, hessian_tokens=hessian_tokens)
+            observers = calibrate(model, {**targets, **extra.observe}, batches, progress=progress,
+                                  histogram=needs_histogram([scheme]), hessian=gptq, dtype=calib_dtype,
+                                  hessian_tokens=hessian_tokens)
     if layerwise and batches is not None:  # the fused MoE experts too, with their decoder layer
         return _quantize_layerwise(model, targets, batches, scheme, gptq, device=device, progress=progress,
                                    offload_activations=offload_activations, hessian_tokens=hessian_tokens,
@@ -418,8 +436,9 @@ def quantize_model(
 
     quantize_experts(model, scheme, batches, ignore=ignore, progress=progress)
     with torch.no_grad():
-        return apply_quantization(model, targets, scheme, observers, gptq=gptq,
-                                  progress=f"GPTQ {scheme.name}" if progress and gptq else None, act_order=act_order)
+        apply_quantization(model, targets, scheme, observers, gptq=gptq,
+                           progress=f"GPTQ {scheme.name}" if progress and gptq else None, act_order=act_order)
+    return finish_head_embeddings(model, extra, observers)
 
 
 def _quantize_to_budget(model, targets, calib_data, tokenizer, scheme, gptq, max_kl, *, progress, seq_len, max_samples,

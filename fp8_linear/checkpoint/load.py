@@ -18,10 +18,12 @@ import re
 import torch
 from torch import nn
 
+from ..embedding import unsaved_parameters
 from ..errors import CheckpointError, DeviceError, FP8LinearError
 from ..formats import FORMATS, SCALE_DTYPE
 from ..module import FP8Linear
 from .devices import Placement, resolve_device_map
+from .embeddings import swap_embeddings
 from .folder import CheckpointFolder, folder_path
 from .model_config import CONFIG_FILE, build_config, build_empty_model
 from .plan import QuantPlan
@@ -69,7 +71,10 @@ def _state_entries(model: nn.Module) -> tuple[dict[str, torch.Tensor], list[list
     grouped by parameter (tied weights share one). Persistent buffers are entries but may be absent
     (they are built for real, not on meta)."""
     entries, by_id = {}, {}
+    unsaved = unsaved_parameters(model)  # FP8Embedding.dtype_anchor: a dtype, no data
     for name, p in model.named_parameters(remove_duplicate=False):
+        if name in unsaved:
+            continue
         entries[name] = p
         by_id.setdefault(id(p), []).append(name)
     for mname, mod in model.named_modules(remove_duplicate=False):
@@ -290,6 +295,7 @@ def _load(folder: CheckpointFolder, placement: Placement, dtype: torch.dtype | N
         model.config.quantization_config = cfg["quantization_config"]
     model.config._name_or_path = folder.path
     swapped = _swap_linears(model, plan, dtype)
+    swap_embeddings(model, qc, swapped, dtype)  # FP8 input embeddings our extras list (checked as FP8 weights)
     from .experts import ExpertsLoad  # fused MoE experts, stored per expert (no-op without them)
 
     experts = ExpertsLoad(model, plan, stored, dtype)  # takes their tensors out of ``stored``

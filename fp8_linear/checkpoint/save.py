@@ -23,7 +23,9 @@ from ..errors import CheckpointError, FP8LinearError
 from ..module import FP8Linear
 from ..scheme import QuantScheme
 from . import swap
+from ..embedding import shares_weights
 from .ct_config import build_ct_config
+from .embeddings import add_to_config
 from .folder import folder_path
 from .swap import INCOMPLETE_MARKER
 from .values import nonfinite_fp8
@@ -166,6 +168,8 @@ def _untie_quantized_head(model: nn.Module):
     say so in the config (returns the previous ``tie_word_embeddings`` to restore, or ``_UNSET``)."""
     get_out = getattr(model, "get_output_embeddings", None)
     head = get_out() if callable(get_out) else None
+    if isinstance(head, FP8Linear) and any(shares_weights(m, head) for m in model.modules()):
+        return _UNSET  # one FP8 table for both (an FP8Embedding tied to it): the file holds it once, still tied
     if isinstance(head, FP8Linear) and getattr(model.config, "tie_word_embeddings", False):
         model.config.tie_word_embeddings = False
         return True
@@ -267,7 +271,7 @@ def save_quantized(model: nn.Module, path: str | os.PathLike, tokenizer=None, ov
 
     groups, ignore = amend_config(model, groups, ignore)
 
-    qc = build_ct_config(groups, ignore, __version__)
+    qc = add_to_config(build_ct_config(groups, ignore, __version__), model)  # FP8 embeddings, in our extras
     parent = os.path.dirname(target)
     try:
         os.makedirs(parent, exist_ok=True)
