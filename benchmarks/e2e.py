@@ -3,7 +3,9 @@
 Models are built from a config with random weights (full depth by default: 32 / 28 decoder layers;
 ``--layers`` cuts them, and the table says so). Each decoder ``nn.Linear`` becomes
 ``FP8Linear.from_linear`` (static presets calibrated by one forward pass on random tokens); the
-embeddings, norms and ``lm_head`` stay BF16. Paths: ``bf16``; every preset on the default backend
+embeddings, norms and ``lm_head`` stay BF16, except with ``--fp8-lm-head`` (``lm_head`` an ``FP8Linear`` of
+the row's preset) and ``--fp8-embedding`` (the input embedding an ``FP8Embedding``), as
+``quantize_model(quantize_lm_head=True, quantize_embeddings=True)`` makes them. Paths: ``bf16``; every preset on the default backend
 (``ours``: the sm90 kernel where it runs the layer) and on cuBLASLt (``FP8_LINEAR_BACKEND=cublaslt``);
 torchao float8 (``Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())``: dynamic per-row
 activations and weights, what a transformers user picks with ``TorchAoConfig``) when ``torchao``
@@ -74,7 +76,8 @@ from benchmarks.common.greedy_compare import COMPARED_TOKENS, FirstScores, compa
 from benchmarks.common.random_model import MODELS, TINY, build_model, full_depth, prompt_ids
 from benchmarks.common.results import RESULTS_DIR, environment, write_json
 from benchmarks.common.weight_memory import weight_bytes
-from fp8_linear import FP8Linear, fuse_projections, unfuse_projections
+from fp8_linear import FP8Embedding, FP8Linear, fuse_projections, unfuse_projections
+from fp8_linear.embedding import tie_to_head
 from fp8_linear.fusion import launched_layers
 
 PRESETS = ("fp8-tensor", "fp8-channel", "fp8-dynamic", "fp8-block")
@@ -97,18 +100,22 @@ class PathSpec:
     preset: str | None = None
     backend: str | None = None
     fused: bool = False
+    fp8_lm_head: bool = False  # --fp8-lm-head: lm_head an FP8Linear of the preset too
+    fp8_embedding: bool = False  # --fp8-embedding: the input embedding an FP8Embedding
 
 
 def plan_paths(presets: list[str], on_ours: list[str], on_cublaslt: list[str], fusions: list[bool],
-               torchao: bool) -> list[PathSpec]:
+               torchao: bool, fp8_lm_head: bool = False, fp8_embedding: bool = False) -> list[PathSpec]:
     """The rows of one model in run order: BF16, each preset in the order given (on ours, then cuBLASLt;
-    each unfused, then fused, as ``fusions`` lists them), then torchao float8 if asked."""
+    each unfused, then fused, as ``fusions`` lists them), then torchao float8 if asked. ``fp8_lm_head`` /
+    ``fp8_embedding``: the FP8 rows also quantize ``lm_head`` / the input embedding (labels ``+head``, ``+emb``)."""
     paths = [PathSpec("bf16", "bf16")]
     for preset in presets:
         for backend in ([None] if preset in on_ours else []) + (["cublaslt"] if preset in on_cublaslt else []):
             for fused in fusions:
-                label = f"{preset} {backend or 'ours'}" + (" fused" if fused else "")
-                paths.append(PathSpec(label, "fp8", preset, backend, fused))
+                label = (f"{preset} {backend or 'ours'}" + (" fused" if fused else "") + (" +head" if fp8_lm_head else "")
+                         + (" +emb" if fp8_embedding else ""))
+                paths.append(PathSpec(label, "fp8", preset, backend, fused, fp8_lm_head, fp8_embedding))
     if torchao:
         paths.append(PathSpec("torchao float8 rowwise", "torchao"))
     return paths
@@ -129,11 +136,15 @@ def path_layers(model, path: PathSpec, bf16: dict, amax: dict[str, float]):
         finally:
             reset_compiled(model)
         return
+    kept: dict[str, torch.nn.Module] = {}
     with forced_backend(path.backend) if path.kind == "fp8" else contextlib.nullcontext():
         try:
             info = {}
             if path.kind == "fp8":
                 swap_in(model, fp8_layers(bf16, path.preset, amax))
+                ends = fp8_ends(model, path, amax)
+                kept = {n: model.get_submodule(n) for n in ends}  # the BF16 lm_head / embedding, back after the path
+                swap_in(model, ends)
                 if path.fused:
                     report = fuse_projections(model)
                     info["fusion"] = dict(groups=len(report.fused), skipped=[f"{s.parent}: {s.reason}" for s in report.skipped])
@@ -142,11 +153,46 @@ def path_layers(model, path: PathSpec, bf16: dict, amax: dict[str, float]):
                 why = torchao_layers(model)
                 if why is not None:
                     raise PathUnavailable(why)
-            yield weight_bytes(bf16.values()), info
+            yield weight_bytes([*bf16.values(), *kept.values()]), info
         finally:
             unfuse_projections(model)  # the parents' hooks go with it
             swap_in(model, bf16)
+            swap_in(model, kept)
             reset_compiled(model)
+
+
+def end_names(model) -> tuple[str, str]:
+    """Qualified names of the output head and the input embedding (``lm_head``, ``model.embed_tokens``)."""
+    names = {m: n for n, m in model.named_modules()}
+    return names[model.get_output_embeddings()], names[model.get_input_embeddings()]
+
+
+def head_input_amax(model, tokens: int = 512) -> float:
+    """Input amax of ``lm_head`` over one forward of ``[1, tokens]`` random token ids (its static input scale)."""
+    seen = []
+    hook = model.get_output_embeddings().register_forward_pre_hook(lambda m, a: seen.append(float(a[0].abs().amax())))
+    try:
+        with torch.inference_mode():
+            model(torch.randint(0, model.config.vocab_size, (1, tokens), device=model.device))
+    finally:
+        hook.remove()
+    return max(seen)
+
+
+def fp8_ends(model, path: PathSpec, amax: dict[str, float]) -> dict[str, torch.nn.Module]:
+    """The FP8 ``lm_head`` (``FP8Linear.from_linear`` of the path's preset, static input scale from
+    ``amax[head name]``) and input embedding (``FP8Embedding.from_embedding``) the path asks for, by name;
+    a tied pair shares one table (``tie_to_head``), as ``quantize_model`` keeps it."""
+    head_name, emb_name = end_names(model)
+    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    out: dict[str, torch.nn.Module] = {}
+    if path.fp8_lm_head:
+        out[head_name] = FP8Linear.from_linear(head, path.preset, input_amax=amax.get(head_name))
+    if path.fp8_embedding:
+        out[emb_name] = FP8Embedding.from_embedding(emb)
+        if path.fp8_lm_head and head.weight is emb.weight:
+            tie_to_head(out[emb_name], out[head_name])
+    return out
 
 
 # ------------------------------------------------------------------------------------------- cells
@@ -355,6 +401,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="FP8 paths with fused q/k/v and gate/up GEMMs (fp8_linear.fuse_projections): rows '<preset> <backend> fused'")
     ap.add_argument("--no-fuse", action="store_true",
                     help="FP8 paths unfused (the default without --fuse); give both flags for both rows of each path")
+    ap.add_argument("--fp8-lm-head", action="store_true",
+                    help="FP8 paths also quantize lm_head (FP8Linear of the preset, counted in weights GB, timed in the rest)")
+    ap.add_argument("--fp8-embedding", action="store_true",
+                    help="FP8 paths also store the input embedding in FP8 (FP8Embedding: e4m3 rows, a scale per row)")
     ap.add_argument("--skip-eager", action="store_true",
                     help="no eager decode cell at any batch size (--eager-batches ''); the 32 eager reference tokens still run")
     ap.add_argument("--budget-s", type=float, default=None,
@@ -402,7 +452,7 @@ def main(argv=None) -> int:
     on_cublaslt = presets if args.cublaslt is None else [p for p in args.cublaslt.split(",") if p]
     on_ours = presets if args.ours is None else [p for p in args.ours.split(",") if p]
     fusions = ([False] if args.no_fuse or not args.fuse else []) + ([True] if args.fuse else [])
-    paths = plan_paths(presets, on_ours, on_cublaslt, fusions, not args.no_torchao)
+    paths = plan_paths(presets, on_ours, on_cublaslt, fusions, not args.no_torchao, args.fp8_lm_head, args.fp8_embedding)
     phases = [args.batches] if args.order == "path" else [[b] for b in args.batches]
     notes, results, saved = [], {}, None
     clock = Budget(args.budget_s, args.compile_guess_s, args.reserve_s)
@@ -418,6 +468,8 @@ def main(argv=None) -> int:
             notes.append(f"{name}: {layers} of {full_depth(name, args.tiny)} decoder layers (--layers)")
         bf16 = dict(decoder_linears(model))
         amax = calibrate(model)
+        if args.fp8_lm_head:
+            amax[end_names(model)[0]] = head_input_amax(model)
         results[name] = dict(layers=layers, rows=[])
         rows: dict[str, dict] = {}  # label -> row (also in results[name]["rows"] once it has been measured)
         for batches in phases:
