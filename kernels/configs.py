@@ -211,6 +211,21 @@ MIN_KB_PER_SPLIT_ROWS64 = 12
 #: below M = 64 the 64-row tiles take those layers (ROWS64_IDS).
 SPLIT_LONG_K_BUSY_FRACTION = 0.5
 MIN_KB_PER_SPLIT_LONG_K = 48
+#: Where the rule above splits on a swapped 128-row config (1, 2, 3, 16: decode M, N at most a quarter of the
+#: SMs' tiles), the factor takes ranges of at least this many k-blocks (the decision stays with
+#: MIN_KB_PER_SPLIT: at K = 4096 two splits of 16 lost). Measured (v30 sweep, H200, 2026-12-01, `python -m
+#: benchmarks.gemm_bench --mode splitk --set decode --ms 1,2,4,8,16,32,64,128 --splits 2,3,4,6,8 --configs
+#: 1,2,3,16,17,18,19`, h200-2026-12-01-v30-config-split-sweep.json): Qwen2.5-1.5B down (1536 x 8960, 12 tiles,
+#: 70 k-blocks) at M = 1 / 16 / 64 9.9 / 10.4 / 12.5 us in 2 splits, 7.3 / 7.9 / 10.0 in 4; Llama-3.2-1B down
+#: (2048 x 8192, 16 tiles) 9.6 / 10.0 / 12.2 in 2, 9.0 / 8.1 / 10.7 in 4 (docs/kernel-log.md v34). Up to
+#: SPLIT_SWAP128_BUSY_FRACTION of the SMs busy (work items): Llama-3.2-3B down (3072 x 8192, 24 tiles) keeps 2
+#: splits, 10.1 / 10.7 us at M = 1 / 16 against 10.5 / 10.9 in 4.
+MIN_KB_PER_SPLIT_SWAP128 = 16
+SPLIT_SWAP128_BUSY_FRACTION = 0.5
+#: Splits x tile width (BN) whose partials the last split of a tile loads in one round (sm90_epilogue.cuh
+#: split_fixup's kDepth = 256 / BN splits for BN <= 128: 128 registers a thread); the swapped configs'
+#: factor stays within it, so their fix-up waits for one L2 round trip.
+FIXUP_ROUND_WIDTH = 256
 #: Upper bound of the split factor that select_splits picks by itself...
 MAX_SPLITS = 16
 #: ...and of any split factor, FP8_LINEAR_SM90_SPLITS included (the binding refuses more).
@@ -354,7 +369,9 @@ def select_splits(config: KernelConfig, m: int, n: int, k: int, num_sms: int = 1
     When the output tiles fill at most SPLIT_MAX_BUSY_FRACTION of the SMs (decode and short prefill
     shapes: e.g. M = 64, N = 4096 is 32 tiles on 132 SMs), K is cut into up to ``num_sms // tiles``
     ranges of at least MIN_KB_PER_SPLIT k-blocks (MIN_KB_PER_SPLIT_ROWS64 on the 64-row configs), so that
-    more SMs share the work; on the non-swapped tile configs also up to SPLIT_LONG_K_BUSY_FRACTION busy
+    more SMs share the work (on the swapped 128-row configs, where that splits, ranges of
+    MIN_KB_PER_SPLIT_SWAP128 k-blocks up to SPLIT_SWAP128_BUSY_FRACTION of the SMs and the splits the
+    fix-up loads in one round); on the non-swapped tile configs also up to SPLIT_LONG_K_BUSY_FRACTION busy
     with ranges of at least MIN_KB_PER_SPLIT_LONG_K k-blocks (long-K projections at M = 128-256); each split writes
     its fp32 partial sums to a workspace and the last split of each tile sums them and runs the epilogue
     (one launch, ``sm90_epilogue.cuh`` split_fixup).
@@ -374,4 +391,7 @@ def select_splits(config: KernelConfig, m: int, n: int, k: int, num_sms: int = 1
             return 1
         min_kb = MIN_KB_PER_SPLIT_LONG_K
     want = min(num_sms // t, num_kb // min_kb, MAX_SPLITS)
+    if want > 1 and config.swap_ab and config.block_m == BLOCK_M:
+        want = max(want, min(int(num_sms * SPLIT_SWAP128_BUSY_FRACTION) // t, num_kb // MIN_KB_PER_SPLIT_SWAP128,
+                             MAX_SPLITS, FIXUP_ROUND_WIDTH // config.block_n))
     return split_count(num_kb, want)

@@ -468,15 +468,27 @@ __device__ __forceinline__ void finish_tile(const float (&fin)[BN / 2], const Ep
 //     the fragment's register order: float4 j of thread tid at (j * 128 + tid) * 4 floats of the slot, so
 //     a warp's stores are 512 contiguous bytes (st.global.cg: L2 only); fragments that lie wholly
 //     outside the output (rows past the kernel's rows, columns past its columns) are neither stored nor read;
-//  2. release: every thread fences (__threadfence), the warpgroup's named barrier, then thread 0 adds
-//     one to the warpgroup's arrival counter (ep.split_flags[tile * consumers + cw]);
+//  2. arrival: the warpgroup's named barrier, then thread 0 alone adds one to the warpgroup's arrival
+//     counter (ep.split_flags[tile * consumers + cw]) with atom.add.acq_rel.gpu, which returns the old
+//     count (split_arrive; CUTLASS's GenericBarrier: barrier, then one thread's fence.acq_rel.gpu + red);
 //  3. the warpgroup that brings the count to splits (old == splits - 1) is the tile's last: thread 0
-//     resets the counter to 0 (zero at rest: the next launch and CUDA-graph replays find it so) and tells
-//     the warpgroup through shared memory and a second barrier (bar.red.or instead made the 144-wide
-//     block-scaled kernel spill, nvcc 13.0); acquire: every thread fences, then reads the splits'
-//     slots (ld.global.cg, its own included) and sums them in the fixed order 0, 1, ..., splits - 1, so
-//     the bits do not depend on which split arrives last; it then runs the tile's normal epilogue
-//     (scales, bias, cast, TMA or direct stores). The other warpgroups skip it.
+//     resets the counter to 0 (st.relaxed.gpu; zero at rest: the next launch and CUDA-graph replays find
+//     it so) and tells the warpgroup through shared memory and a second barrier (bar.red.or instead made
+//     the 144-wide block-scaled kernel spill, nvcc 13.0); every thread then reads the splits' slots
+//     (ld.global.cg, its own included; all of a round's loads before any add) and sums them in the
+//     fixed order 0, 1, ..., splits - 1, so the bits do not depend on which split arrives last; it then
+//     runs the tile's normal epilogue (scales, bias, cast, TMA or direct stores). The other warpgroups
+//     skip it.
+// Why one thread's acq_rel is enough (PTX ISA, memory consistency model): a split's stores precede its
+// bar.sync in program order, the barrier orders them before thread 0's atom (base causality order
+// includes the CTA barrier's synchronization), and the atom's release half makes them visible before its
+// add; the RMWs on one counter are morally strong (same location, .gpu scope, all atomic), so the last
+// split's acq_rel atom reads from every earlier split's release sequence and synchronizes with each;
+// its second bar.sync then orders the other threads' loads after that acquire. Causality order is
+// transitive, so every load sees every split's store. v33 fenced every thread twice with
+// __threadfence (fence.sc.gpu: MEMBAR.SC.GPU + ERRBAR + CCTL.IVALL in the SASS, on all 128 threads,
+// before the arrival and again before the loads): an SC fence orders against every other SC fence of
+// the GPU, more than the release / acquire pair that this protocol needs.
 // PDL: the consumers pass griddepcontrol.wait before any of this, and a dependent kernel's wait returns
 // only once this grid has finished (stores flushed), so neither the workspace nor the counters of the
 // next launch overlap this one. The counters: one device array of kSplitFlags ints (sm90_host.cu,
@@ -490,6 +502,21 @@ constexpr int kSplitFlags = 1 << 16;  // arrival counters: output tiles x consum
 template <int BN>
 __device__ __forceinline__ float* split_slot(const EpiParams& ep, int item, int consumers, int cw) {
   return ep.split_ws + (static_cast<long>(item) * consumers + cw) * (64 * BN);
+}
+
+// The arrival of one split at its warpgroup's counter: the old count (atom.add.acq_rel.gpu: release of
+// what the warpgroup stored before the barrier that precedes this, acquire of what the earlier splits
+// released; see above). One thread of the warpgroup calls it.
+__device__ __forceinline__ int split_arrive(int* flag) {
+  int old;
+  asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], 1;" : "=r"(old) : "l"(flag) : "memory");
+  return old;
+}
+
+// The counter back to zero after the tile's last arrival (nobody else touches it in this launch; the next
+// launch reads it only after this grid has finished).
+__device__ __forceinline__ void split_reset(int* flag) {
+  asm volatile("st.relaxed.gpu.global.s32 [%0], 0;" ::"l"(flag) : "memory");
 }
 
 // The fix-up of one consumer warpgroup's half of work item t (see above); CONSUMERS warpgroups a tile.
@@ -516,22 +543,23 @@ __device__ __forceinline__ bool split_fixup(float (&fin)[BN / 2], const EpiParam
       if (j < nvec) __stcg(dst + j * kWgThreads, make_float4(fin[4 * j], fin[4 * j + 1], fin[4 * j + 2], fin[4 * j + 3]));
     }
   }
-  __threadfence();  // release: this thread's partial before the warpgroup's arrival
-  named_bar_sync(bar_id, kWgThreads);
+  named_bar_sync(bar_id, kWgThreads);  // every thread's stores before thread 0's release
   if (tid == 0) {
     int* flag = ep.split_flags + tile * CONSUMERS + cw;
-    const bool last = atomicAdd(flag, 1) == splits - 1;
-    if (last) atomicExch(flag, 0);  // every split of this tile has arrived: zero at rest again
+    const bool last = split_arrive(flag) == splits - 1;
+    if (last) split_reset(flag);  // every split of this tile has arrived: zero at rest again
     *note = last;
   }
-  named_bar_sync(bar_id, kWgThreads);
+  named_bar_sync(bar_id, kWgThreads);  // thread 0's acquire before every thread's loads
   if (!*note) return false;
-  __threadfence();  // acquire: the other splits' partials after their arrivals
   // fin = p_0 + p_1 + ... + p_{splits-1} in this order, this split's own slot read back too (it is in L2;
   // summing in place keeps one accumulator's registers: with a second one the 128- and 144-wide split
-  // kernels spilled); -0 is the exact identity of the fp32 add. kDepth splits' loads in flight at once
-  // (up to 64 registers of them), so the sum waits for ceil(splits / kDepth) L2 round trips, not splits.
-  constexpr int kDepth = BN >= 128 ? 1 : 128 / BN;
+  // kernels spilled); -0 is the exact identity of the fp32 add. kDepth splits' loads in flight at once,
+  // so the sum waits for ceil(splits / kDepth) L2 round trips, not splits: 128 registers of them on the
+  // swapped configs (BN 16 / 32 / 64: 16 / 8 / 4 splits, one round for every factor the choice makes
+  // there), 64 on the 128-wide tile (2), one split's on the 144-wide one (its block-scaled instance
+  // already spills). kernels/configs.py FIXUP_ROUND_WIDTH keeps the swapped configs' factors within it.
+  constexpr int kDepth = BN > 128 ? 1 : 256 / BN;
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) fin[i] = -0.f;
 #pragma unroll 1

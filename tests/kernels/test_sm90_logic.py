@@ -381,7 +381,11 @@ def test_split_count_leaves_no_empty_range():
     (64, 8192, 28672, 1),    # 64 tiles: more than a quarter of the SMs busy already
     (64, 28672, 4096, 1),
     (2048, 4096, 4096, 1),
-    (16, 256, 16384, 5),     # 2 tiles, 128 k-blocks: 5 splits of >= 24
+    (16, 256, 16384, 8),     # config 1, 2 tiles, 128 k-blocks: 8 splits of 16 (MIN_KB_PER_SPLIT_SWAP128)
+    (1, 2048, 8192, 4),      # config 1, 16 tiles, 64 k-blocks: 4 splits of 16, 64 work items
+    (1, 1536, 8960, 4),      # config 1, 12 tiles, 70 k-blocks: 4 splits of 18
+    (1, 3072, 8192, 2),      # config 1, 24 tiles: 4 splits would pass half the SMs (SPLIT_SWAP128_BUSY_FRACTION)
+    (64, 2048, 11008, 4),    # config 16, 16 tiles, 86 k-blocks: 4 splits, one round of the fix-up's loads
     (128, 5120, 27648, 3),   # config 7, 40 tiles (under half the SMs), 216 k-blocks: 3 splits of >= 48
     (256, 4096, 14336, 2),   # config 7, 64 tiles, 112 k-blocks: 2 splits of 56
     (256, 4096, 4096, 1),    # 64 tiles, 32 k-blocks: ranges shorter than MIN_KB_PER_SPLIT_LONG_K
