@@ -176,6 +176,19 @@ ROWS64_TWIN = {1: 17, 2: 18, SWAP64_DBL_CONFIG: 19}
 ROWS64_MAX_M = 128
 #: Above this M a 64-row config may replace a 128-row choice that splits K (see ROWS64_IDS).
 ROWS64_OVER_SPLIT_MIN_M = 64
+#: Up to this M (config 1's range), where even the 128-row grid takes more than one wave (ceil(N / 128) tiles
+#: > the SMs: the gate_up layers from 17920 rows on), the 64-row twin 16 wide (config 17, twice the tiles)
+#: instead: the last wave's tiles are half as long and each SM keeps 16 k-blocks in flight instead of 8.
+#: Measured (v30 sweep, H200, 2026-12-01, `python -m benchmarks.gemm_bench --mode splitk --set decode --ms
+#: 1,2,4,8,16,32,64,128 --splits 2,3,4,6,8 --configs 1,2,3,16,17,18,19`, h200-2026-12-01-v30-config-split-sweep.json,
+#: forced configs unsplit), config 17 against config 1 at M = 1 / 16, us: Qwen2.5-1.5B gate_up (17920 x 1536,
+#: 140 tiles) 10.3 / 11.3 against 11.4 / 12.5 (cuBLASLt 10.5 / 10.7), Qwen2.5-3B gate_up 13.9 / 14.7 against
+#: 14.8 / 15.9, Llama-3.1-70B gate_up 113.3 / 115.4 against 119.2 / 120.6 (cuBLASLt 113.1 / 115.4), Qwen2.5-32B
+#: gate_up 70.2 / 71.7 against 73.3 / 75.2; faster on all 35 (layer, M) of M 1-16 where config 1 has more
+#: tiles than SMs (0.900-0.996 of its time). At M = 32 (config 2 -> 18) 0.896-1.010, at M = 64 (16 -> 19)
+#: 1.03-1.10: M <= 16 only. Where config 1 fits one wave and config 17 does not, config 1 stays (Llama-3.1-70B
+#: qkv, 10240 x 8192: 24.8 us against 28.1; Qwen2.5-0.5B gate_up, 9728 x 896: 5.0 against 5.2).
+ROWS64_MULTI_WAVE_MAX_M = 16
 #: Whether block-scaled launches take the 64-row configs too (their block instances). The one H200 miss of
 #: config 19 (fp32 out, M = 1, N = 200, K = 1040: calc_diff 1.049e-8 against 1e-8, kernel-log v30) is the
 #: tensor-core floor's spread over 200 outputs, not a wrong factor (kernel-log v32, design.md section 7).
@@ -200,6 +213,15 @@ MIN_KB_PER_SPLIT = 24
 #: M = 1 7.3 us unsplit, 4.8 in 3 splits, 4.6 in 6 (cuBLASLt 8.8); 2048 x 2048 and 1536 x 1536 (16 and 12
 #: k-blocks) are faster unsplit (splitk sweep of 2026-12-01, docs/kernel-log.md v31).
 MIN_KB_PER_SPLIT_ROWS64 = 12
+#: ...and on the tile configs above ROWS64_MAX_M (no 64-row tile competes there), where their tiles fill at
+#: most SPLIT_MAX_BUSY_FRACTION of the SMs: at M = 256 each tile is a long chain of wgmmas on one SM (128 x
+#: 128 x K), so more, shorter ranges pay down to 12 k-blocks. Measured (H200, 2026-12-01, `python -m
+#: benchmarks.gemm_bench --mode splitk --set decode --ms 1,16,64,128,256 --splits 2,3,4,6,8`,
+#: h200-2026-12-01-splitk-decode-models.json, config 7 at M = 256, with the separate reduction): Qwen2.5-0.5B
+#: down (896 x 4864, 14 tiles, 38 k-blocks) 14.0 us unsplit, 12.3 in 3 splits (cuBLASLt 7.4); Llama-3.2-1B
+#: down (32 tiles, 64 k-blocks) 18.7 in 2, 16.6 in 4; Qwen2.5-1.5B down (24 tiles, 70 k-blocks) 18.9 in 2,
+#: 16.2 in 4. The 12-16 k-block layers stay unsplit (Llama-3.2-1B o, 2048 x 2048: 8.0 unsplit, 11.6 in 2).
+MIN_KB_PER_SPLIT_TILE_LARGE_M = 12
 #: The tile configs (not swapped: M above the decode configs' range) split up to this fraction of the SMs
 #: busy where every split keeps at least MIN_KB_PER_SPLIT_LONG_K k-blocks (one wave: num_sms // tiles
 #: splits). Measured (H200, 2026-12-01, `python -m benchmarks.gemm_bench --mode splitk --set decode --ms
@@ -211,6 +233,14 @@ MIN_KB_PER_SPLIT_ROWS64 = 12
 #: below M = 64 the 64-row tiles take those layers (ROWS64_IDS).
 SPLIT_LONG_K_BUSY_FRACTION = 0.5
 MIN_KB_PER_SPLIT_LONG_K = 48
+#: Above ROWS64_MAX_M, with up to SPLIT_LONG_K_BUSY_FRACTION of the SMs busy, ranges of at least this many
+#: k-blocks (instead of MIN_KB_PER_SPLIT_LONG_K): there a 128 x 128 tile over 64-86 k-blocks runs at the SM's
+#: wgmma rate (about 12 TFLOP/s per SM: Qwen2.5-1.5B down, 1536 x 8960, at M = 512 on 48 tiles 26.6 us,
+#: cuBLASLt 15.8), so halving its range halves the critical path for one L2 round of partials. Measured at M =
+#: 256 (h200-2026-12-01-splitk-decode-models.json, separate reduction): Llama-3.2-3B down (3072 x 8192, 48
+#: tiles, 64 k-blocks) 22.0 us unsplit, 20.4 in 2 ranges of 32; the one-launch split of v33 took Llama-3.1-8B
+#: down (64 tiles, 2 ranges of 56) from 42.7 to 31.3 us (docs/kernel-log.md v33). M = 512 not measured split.
+MIN_KB_PER_SPLIT_LONG_K_LARGE_M = 32
 #: Where the rule above splits on a swapped 128-row config (1, 2, 3, 16: decode M, N at most a quarter of the
 #: SMs' tiles), the factor takes ranges of at least this many k-blocks (the decision stays with
 #: MIN_KB_PER_SPLIT: at K = 4096 two splits of 16 lost). Measured (v30 sweep, H200, 2026-12-01, `python -m
@@ -271,8 +301,8 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
     wgmma's M side (swap A/B) with the narrowest tile that covers M, so no tensor-core work is spent on
     padding rows (for 32 < M <= 64 the two-accumulator tile SWAP64_DBL_CONFIG where N or K is large
     enough, or config 3 with block scales). Up to ROWS64_MAX_M, without block scales, the 64-row config
-    whose grid has the most tiles in one wave instead (:func:`_rows64`), except where the 128-row choice
-    splits K: then only above ROWS64_OVER_SPLIT_MIN_M and where the 64-row grid has more work items
+    whose grid has the most tiles in one wave instead (:func:`_rows64`; up to ROWS64_MULTI_WAVE_MAX_M also
+    config 17 where config 1's grid takes more than one wave), except where the 128-row choice splits K: then only above ROWS64_OVER_SPLIT_MIN_M and where the 64-row grid has more work items
     (:func:`work_items`; the 64-row config splits by its own rule). Otherwise the fastest of LARGE_M_CANDIDATES by
     :func:`estimated_cost` (128 x 128 or 128 x 144 with two accumulators, or 128 x 192).
 
@@ -333,12 +363,15 @@ def _select_rows128(m: int, n: int, k: int, num_sms: int, swap_ok: bool, block: 
 
 def _rows64(m: int, n: int, num_sms: int) -> KernelConfig | None:
     """The config of ROWS64_IDS whose grid has the most tiles within one wave of ``num_sms`` (the
-    narrower tile on a tie), or None where none fits (N > 64 x ``num_sms``)."""
+    narrower tile on a tie); where none fits (N > 64 x ``num_sms``), config 1's 64-row twin if M <=
+    ROWS64_MULTI_WAVE_MAX_M and config 1's grid takes more than one wave too, else None."""
     best, best_tiles = None, 0
     for cid in ROWS64_IDS:
         t = tiles(CONFIG_BY_ID[cid], m, n)
         if best_tiles < t <= num_sms:
             best, best_tiles = CONFIG_BY_ID[cid], t
+    if best is None and m <= ROWS64_MULTI_WAVE_MAX_M and tiles(CONFIG_BY_ID[1], m, n) > num_sms:
+        return CONFIG_BY_ID[ROWS64_TWIN[1]]
     return best
 
 
@@ -368,11 +401,13 @@ def select_splits(config: KernelConfig, m: int, n: int, k: int, num_sms: int = 1
 
     When the output tiles fill at most SPLIT_MAX_BUSY_FRACTION of the SMs (decode and short prefill
     shapes: e.g. M = 64, N = 4096 is 32 tiles on 132 SMs), K is cut into up to ``num_sms // tiles``
-    ranges of at least MIN_KB_PER_SPLIT k-blocks (MIN_KB_PER_SPLIT_ROWS64 on the 64-row configs), so that
+    ranges of at least MIN_KB_PER_SPLIT k-blocks (MIN_KB_PER_SPLIT_ROWS64 on the 64-row configs,
+    MIN_KB_PER_SPLIT_TILE_LARGE_M on the tile configs above ROWS64_MAX_M), so that
     more SMs share the work (on the swapped 128-row configs, where that splits, ranges of
     MIN_KB_PER_SPLIT_SWAP128 k-blocks up to SPLIT_SWAP128_BUSY_FRACTION of the SMs and the splits the
     fix-up loads in one round); on the non-swapped tile configs also up to SPLIT_LONG_K_BUSY_FRACTION busy
-    with ranges of at least MIN_KB_PER_SPLIT_LONG_K k-blocks (long-K projections at M = 128-256); each split writes
+    with ranges of at least MIN_KB_PER_SPLIT_LONG_K k-blocks (MIN_KB_PER_SPLIT_LONG_K_LARGE_M above
+    ROWS64_MAX_M; long-K projections at M = 128-512); each split writes
     its fp32 partial sums to a workspace and the last split of each tile sums them and runs the epilogue
     (one launch, ``sm90_epilogue.cuh`` split_fixup).
     Only configs with split-K kernel instances (``split_k``: 1, 2, 3, 7, 10, 16-19) split. ``FP8_LINEAR_SM90_SPLITS`` overrides (as an
@@ -386,10 +421,12 @@ def select_splits(config: KernelConfig, m: int, n: int, k: int, num_sms: int = 1
         return split_count(num_kb, want)
     t = tiles(config, m, n)
     min_kb = MIN_KB_PER_SPLIT_ROWS64 if config.block_m == 64 else MIN_KB_PER_SPLIT
+    if not config.swap_ab and m > ROWS64_MAX_M:
+        min_kb = MIN_KB_PER_SPLIT_TILE_LARGE_M
     if t > num_sms * SPLIT_MAX_BUSY_FRACTION:
         if config.swap_ab or t > num_sms * SPLIT_LONG_K_BUSY_FRACTION:
             return 1
-        min_kb = MIN_KB_PER_SPLIT_LONG_K
+        min_kb = MIN_KB_PER_SPLIT_LONG_K_LARGE_M if m > ROWS64_MAX_M else MIN_KB_PER_SPLIT_LONG_K
     want = min(num_sms // t, num_kb // min_kb, MAX_SPLITS)
     if want > 1 and config.swap_ab and config.block_m == BLOCK_M:
         want = max(want, min(int(num_sms * SPLIT_SWAP128_BUSY_FRACTION) // t, num_kb // MIN_KB_PER_SPLIT_SWAP128,

@@ -122,7 +122,9 @@ def test_select_config_small_m_small_problem(monkeypatch):
 @pytest.mark.parametrize("m, n, cid, bm, bn, swap", [
     (1, 4096, 17, 64, 16, True), (16, 4096, 17, 64, 16, True),      # 64 tiles of 64 rows
     (1, 8448, 17, 64, 16, True), (1, 8449, 1, 128, 16, True),       # 132 tiles of 64 rows fit, 133 do not
-    (1, 28672, 1, 128, 16, True),                                   # 224 tiles of 128: every SM busy
+    (1, 16896, 1, 128, 16, True), (1, 16897, 17, 64, 16, True),     # 132 tiles of 128 fit; 133 do not: 64-row twin
+    (1, 28672, 17, 64, 16, True), (16, 28672, 17, 64, 16, True),    # 224 tiles of 128 (ROWS64_MULTI_WAVE_MAX_M)
+    (17, 28672, 2, 128, 32, True), (32, 28672, 2, 128, 32, True),   # above it config 2 stays
     (17, 4096, 17, 64, 16, True), (32, 4096, 17, 64, 16, True),     # 64 x 2 = 128 tiles 16 wide fit
     (32, 4224, 17, 64, 16, True), (32, 4225, 18, 64, 32, True),     # 66 x 2 = 132 fit, 67 x 2 do not
     (32, 10240, 2, 128, 32, True),                                  # 160 x 64-row tiles: too many
@@ -280,7 +282,8 @@ def test_every_config_is_selected(monkeypatch):
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     picked = {configs.select_config(m, n, k, swap_ok=sw and not blk, block=blk).id
               for m in (1, 16, 32, 64, 65, 128, 512, 2048, 4096, 8192)
-              for n, k in ((4096, 4096), (6144, 4096), (28672, 4096), (57344, 8192), (8192, 28672), (6144, 1280))
+              for n, k in ((4096, 4096), (6144, 4096), (10240, 8192), (28672, 4096), (57344, 8192), (8192, 28672),
+                           (6144, 1280))
               for sw in (False, True) for blk in (False, True)}
     assert picked == {c.id for c in configs.CONFIGS}
 
@@ -336,7 +339,10 @@ def test_rows64_twins(monkeypatch):
                     continue
                 twin_base = configs.CONFIG_BY_ID[{v: b for b, v in configs.ROWS64_TWIN.items()}[c.id]]
                 rows128 = configs._select_rows128(m, n, k, 132, False, False)
-                assert configs.tiles(c, m, n) <= 132, (m, n, k)
+                if configs.tiles(c, m, n) > 132:  # both grids take more than a wave: config 1's twin
+                    assert m <= configs.ROWS64_MULTI_WAVE_MAX_M and c.id == configs.ROWS64_TWIN[1], (m, n, k)
+                    assert configs.tiles(configs.CONFIG_BY_ID[1], m, n) > 132, (m, n, k)
+                assert configs.tiles(c, m, n) <= 132 or m <= configs.ROWS64_MULTI_WAVE_MAX_M, (m, n, k)
                 assert configs.select_splits(rows128, m, n, k) == 1, (m, n, k)  # M <= ROWS64_OVER_SPLIT_MIN_M
                 assert configs.tiles(c, m, n) == 2 * configs.tiles(twin_base, m, n) - (-(-n // 64) % 2)
     # up to M = 64, where the 128-row config splits K, it stays (4096 x 14336: 32 tiles, 4 splits of 28 k-blocks)
@@ -353,9 +359,11 @@ def test_rows64_twins(monkeypatch):
     # split K forced off: the twin
     monkeypatch.setenv(configs.ENV_SPLITS, "1")
     assert configs.select_config(1, 4096, 14336).id == 17
-    # fewer SMs: 64 tiles of 64 rows no longer fit one wave of 48
+    # fewer SMs: 64 tiles of 64 rows no longer fit one wave of 48 (32 of 128 rows do)
     monkeypatch.delenv(configs.ENV_SPLITS)
     assert configs.select_config(1, 4096, 4096, num_sms=48).id == 1
+    # and where config 1's 32 tiles take more than a wave of 24 too, its twin
+    assert configs.select_config(1, 4096, 4096, num_sms=24).id == 17
     assert configs.select_config(1, 3072, 4096, num_sms=48).id == 17
 
 
@@ -388,9 +396,20 @@ def test_split_count_leaves_no_empty_range():
     (64, 2048, 11008, 4),    # config 16, 16 tiles, 86 k-blocks: 4 splits, one round of the fix-up's loads
     (128, 5120, 27648, 3),   # config 7, 40 tiles (under half the SMs), 216 k-blocks: 3 splits of >= 48
     (256, 4096, 14336, 2),   # config 7, 64 tiles, 112 k-blocks: 2 splits of 56
-    (256, 4096, 4096, 1),    # 64 tiles, 32 k-blocks: ranges shorter than MIN_KB_PER_SPLIT_LONG_K
+    (256, 4096, 4096, 1),    # 64 tiles, 32 k-blocks: ranges shorter than MIN_KB_PER_SPLIT_LONG_K_LARGE_M
+    (256, 3072, 8192, 2),    # config 7, 48 tiles, 64 k-blocks: 2 ranges of 32 (MIN_KB_PER_SPLIT_LONG_K_LARGE_M)
+    (512, 1536, 8960, 2),    # config 7, 48 tiles, 70 k-blocks
+    (512, 2048, 11008, 2),   # config 7, 64 tiles, 86 k-blocks
+    (128, 5120, 13824, 2),   # M = 128 keeps MIN_KB_PER_SPLIT_LONG_K: 40 tiles, 108 k-blocks, 2 ranges of 54
     (64, 5120, 27648, 1),    # the swapped config 16 keeps the quarter: 40 tiles do not split
     (256, 8448, 28672, 1),   # 132 tiles: every SM busy
+    (256, 896, 4864, 3),     # config 7, 14 tiles, 38 k-blocks: 3 splits of >= 12 (MIN_KB_PER_SPLIT_TILE_LARGE_M)
+    (256, 2048, 8192, 4),    # config 7, 32 tiles, 64 k-blocks: 4 splits, one wave
+    (256, 1536, 8960, 5),    # config 7, 24 tiles, 70 k-blocks: 5 splits of 14
+    (512, 896, 4864, 3),     # config 7, 28 tiles
+    (256, 2048, 2048, 1),    # 16 k-blocks: two ranges of 8 would be shorter than 12
+    (128, 896, 4864, 1),     # M = 128: the 64-row tile (17, 14 x 8 tiles) takes it unsplit
+    (1, 28672, 4096, 1),     # config 17 over 448 tiles (ROWS64_MULTI_WAVE_MAX_M): no split
 ])
 def test_select_splits(m, n, k, want, monkeypatch):
     monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
