@@ -193,3 +193,25 @@ def test_stored_table_matches_fp64_reference(tied_ckpt):
     out = loaded.model.embed_tokens(ids)
     assert out.dtype == torch.bfloat16 and loaded.dtype == torch.bfloat16
     assert torch.equal(out, ref.float().to(torch.bfloat16))
+
+
+def test_transformers_reads_fp8_head_not_fp8_embedding(tmp_path):
+    """What docs/checkpoints.md says other readers do: transformers + compressed-tensors loads an FP8
+    ``lm_head`` as ours does (a compressed-tensors layer that is not ignored), and reads an FP8 embedding
+    table unscaled (its ``weight_scale`` unexpected), so such a file is for ``load_quantized`` only."""
+    pytest.importorskip("compressed_tensors")
+    from test_transformers_loader import _assert_same_logits_up_to_flips
+    from transformers import AutoModelForCausalLM
+
+    model = _quantize(tiny_llama(tie_word_embeddings=False), "fp8-dynamic", quantize_lm_head=True)
+    path = save_quantized(model, tmp_path / "head")
+    batch = _batch(model.config.vocab_size)
+    theirs = AutoModelForCausalLM.from_pretrained(path).eval()
+    _assert_same_logits_up_to_flips(model, batch, outputs_of(model, batch), outputs_of(theirs, batch))
+
+    both = _quantize(tiny_llama(tie_word_embeddings=False), "fp8-dynamic", quantize_lm_head=True, quantize_embeddings=True)
+    path = save_quantized(both, tmp_path / "both")
+    theirs = AutoModelForCausalLM.from_pretrained(path).eval()
+    table = theirs.model.embed_tokens.weight.detach()
+    assert torch.equal(table, both.model.embed_tokens.weight.float())  # FP8 values, no scale applied
+    assert not torch.equal(table, both.model.embed_tokens.dequantized_weight())
