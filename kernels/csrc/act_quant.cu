@@ -2,10 +2,16 @@
 // formula of kernels/quant_triton.py in CUDA, so that FP8Linear's decode path quantizes and runs the
 // GEMM in one host call (binding.cpp, linear_fwd). No torch headers.
 //
-// One CTA per row (static / per-token): a pass for the row's finite amax (per-token only), then a
-// pass that divides (IEEE, __fdiv_rn), clamps and converts with cvt.rn.satfinite (round to nearest
+// Static / per-token (quant_rows_kernel): every thread loads all of its elements of a span (NV slots of
+// 8, template NV) before it converts or stores any, so a span costs one memory round trip (docs/kernel-log.md,
+// act_quant v2). Static rows are spread over ceil(K / span) CTAs (no cross-CTA dependency: small M
+// gets many CTAs of one load a thread); a per-token row stays in one CTA with the row held in registers
+// (one read of x: the finite amax, the scale, then the conversion from the registers); rows longer than
+// a span (K > 32768 for 16-bit inputs) take an amax pass and a converting pass, span by span.
+// Conversion: divide (IEEE, __fdiv_rn), clamp and convert with cvt.rn.satfinite (round to nearest
 // even; NaN stays NaN, exactly what Triton's fp_downcast_rounding="rtne" emits on sm_90). Rows whose
-// start and stride are 16-byte aligned with K % 8 == 0 go 8 elements (one 8-byte store) at a time.
+// start and stride are 16-byte aligned with K % 8 == 0 go 8 elements (one 16-byte load, one 8-byte
+// store) a slot; other rows element by element (coalesced scalar loads, also all issued first).
 // Groups: one warp per 1x128 group, 4 elements per lane.
 // Launched with programmatic dependent launch (pdl.h): each CTA lets the next kernel (the GEMM) launch
 // at its start, then waits for the previous kernel before it reads x or writes q and the scales.
@@ -14,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "act_quant.h"
 #include "pdl.h"
@@ -25,6 +32,14 @@ constexpr int kVec = 8;           // elements per vector step (16 bytes of bf16/
 constexpr int kMaxThreads = 256;  // threads per row CTA
 constexpr int kWarp = 32;
 constexpr int kGroupWarps = 4;    // warps (= groups in flight) per group CTA
+constexpr int64_t kMaxGridY = 65535;
+// Row kernels (static / per-token): slots of kVec elements a thread holds in registers (template NV).
+constexpr int kMaxSlotsVec16 = 16;  // 16-bit inputs: 16 16-byte loads, 64 registers (a row of K <= 32768 in one CTA)
+constexpr int kMaxSlotsVec32 = 4;   // fp32 inputs: 4 x 32 bytes, 32 registers (K <= 8192)
+constexpr int kScalarSlots = 4;     // scalar path (K % 8 != 0 or unaligned rows): 32 elements a thread
+// Static mode: CTAs (rows x spans) up to which a row is spread over more CTAs rather than more slots.
+constexpr int64_t kStaticCtaTarget = 1024;
+constexpr int kRowCtasPerSm = 2;  // register cap of the row kernels (launch bounds): 2 CTAs of 256 threads an SM
 
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
@@ -54,23 +69,6 @@ __device__ __forceinline__ uint16_t cvt2(float lo, float hi) {
   return r;
 }
 
-// 8 consecutive elements (16-byte aligned) as fp32.
-template <typename T>
-__device__ __forceinline__ void load8(const T* p, float (&v)[kVec]) {
-  static_assert(sizeof(T) == 2, "16-bit types");
-  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
-  const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) v[i] = to_f32(e[i]);
-}
-template <>
-__device__ __forceinline__ void load8<float>(const float* p, float (&v)[kVec]) {
-  const float4 a = __ldg(reinterpret_cast<const float4*>(p));
-  const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
-  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-  v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-}
-
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = kWarp / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -95,9 +93,129 @@ __device__ __forceinline__ float block_max(float v) {
   return total;
 }
 
-// Static (scale given) or per-token (scale computed, written to s[row]) quantization of one row.
-template <typename T, int FMT, int MODE, bool VEC>
-__global__ void __launch_bounds__(kMaxThreads) quant_rows_kernel(const T* __restrict__ x, uint8_t* __restrict__ q,
+// The slots of one thread in the span [k0, k1) of a row, each kVec elements, all loaded before the
+// first is used (so a thread's loads are in flight together: one memory round trip per span, not one
+// per 8 elements). Thread t of an nt-thread CTA owns, in slot j:
+//   vector path: the kVec consecutive elements from k0 + kVec (j nt + t) (one 16-byte load; two for fp32);
+//   scalar path: element i at k0 + (j kVec + i) nt + t (coalesced 2- or 4-byte loads).
+// Elements at or past k1 are not loaded and read as 0 (no effect on an amax of |x| >= 0).
+template <typename T, bool VEC, int NV>
+struct Slots {
+  static constexpr int kLoadsPerSlot = VEC ? int(sizeof(T)) / 2 : kVec;  // 16-byte words, or elements
+  using Raw = typename std::conditional<VEC, uint4, float>::type;
+  Raw raw[NV * kLoadsPerSlot];
+
+  // Items of this thread in a span of `len` elements (slots on the vector path, elements on the scalar
+  // path, nt apart): item n is there when n * nt < rem(len).
+  static __device__ __forceinline__ int rem(int len) { return (VEC ? len / kVec : len) - int(threadIdx.x); }
+
+  __device__ __forceinline__ void load(const T* xr, int64_t k0, int len) {
+    const int t = threadIdx.x, nt = blockDim.x, r = rem(len);
+    if constexpr (VEC) {
+      const uint4* p = reinterpret_cast<const uint4*>(xr + k0) + t * kLoadsPerSlot;
+#pragma unroll
+      for (int j = 0; j < NV; ++j)
+#pragma unroll
+        for (int w = 0; w < kLoadsPerSlot; ++w)
+          raw[j * kLoadsPerSlot + w] = j * nt < r ? __ldg(p + (j * nt) * kLoadsPerSlot + w) : make_uint4(0, 0, 0, 0);
+    } else {
+      const T* p = xr + k0 + t;
+#pragma unroll
+      for (int i = 0; i < NV * kVec; ++i) raw[i] = i * nt < r ? to_f32(p[i * nt]) : 0.f;
+    }
+  }
+
+  // Slot j as fp32.
+  __device__ __forceinline__ void unpack(int j, float (&v)[kVec]) const {
+    if constexpr (!VEC) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) v[i] = raw[j * kVec + i];
+    } else if constexpr (sizeof(T) == 4) {
+      const uint4 a = raw[2 * j], b = raw[2 * j + 1];
+      v[0] = __uint_as_float(a.x); v[1] = __uint_as_float(a.y); v[2] = __uint_as_float(a.z); v[3] = __uint_as_float(a.w);
+      v[4] = __uint_as_float(b.x); v[5] = __uint_as_float(b.y); v[6] = __uint_as_float(b.z); v[7] = __uint_as_float(b.w);
+    } else {
+      const T* e = reinterpret_cast<const T*>(&raw[j]);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) v[i] = to_f32(e[i]);
+    }
+  }
+
+  // This thread's finite amax over its slots. 16-bit vectors: on the bits, two lanes a word (|x| is
+  // x & 0x7fff, finite below the infinity pattern, and non-negative IEEE values order as their bits), then
+  // converted: the same value as the fp32 max, without fp32 copies of the slots that would stay live until
+  // store() (they cost registers).
+  __device__ __forceinline__ float amax() const {
+    if constexpr (VEC && sizeof(T) == 2) {
+      constexpr unsigned kInf2 = std::is_same<T, __half>::value ? 0x7c007c00u : 0x7f807f80u;
+      unsigned a2 = 0;
+#pragma unroll
+      for (int j = 0; j < NV; ++j) {
+        const unsigned w[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const unsigned mag = w[i] & 0x7fff7fffu;
+          a2 = __vmaxu2(a2, mag & __vcmpltu2(mag, kInf2));
+        }
+      }
+      const unsigned short bits = static_cast<unsigned short>(max(a2 & 0xffffu, a2 >> 16));
+      if constexpr (std::is_same<T, __half>::value) {
+        return __half2float(__ushort_as_half(bits));
+      } else {
+        return __bfloat162float(__ushort_as_bfloat16(bits));
+      }
+    } else {
+      float a = 0.f;
+#pragma unroll
+      for (int j = 0; j < NV; ++j) {
+        float v[kVec];
+        unpack(j, v);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) a = fmaxf(a, finite_abs(v[i]));
+      }
+      return a;
+    }
+  }
+
+  // q[k] = fp8(clamp(x[k] / scale, -m, m)) for this thread's elements of the span at k0.
+  template <int FMT>
+  __device__ __forceinline__ void store(uint8_t* qr, int64_t k0, int len, float scale, float m) const {
+    const int t = threadIdx.x, nt = blockDim.x, r = rem(len);
+    if constexpr (VEC) {
+      uint2* p = reinterpret_cast<uint2*>(qr + k0) + t;
+#pragma unroll
+      for (int j = 0; j < NV; ++j) {
+        if (j * nt < r) {
+          float v[kVec];
+          unpack(j, v);
+          uint16_t b[kVec / 2];
+#pragma unroll
+          for (int i = 0; i < kVec / 2; ++i) b[i] = cvt2<FMT>(scaled(v[2 * i], scale, m), scaled(v[2 * i + 1], scale, m));
+          uint2 packed;
+          packed.x = uint32_t(b[0]) | (uint32_t(b[1]) << 16);
+          packed.y = uint32_t(b[2]) | (uint32_t(b[3]) << 16);
+          p[j * nt] = packed;
+        }
+      }
+    } else {
+      uint8_t* p = qr + k0 + t;
+#pragma unroll
+      for (int i = 0; i < NV * kVec; ++i)
+        if (i * nt < r) p[i * nt] = static_cast<uint8_t>(cvt2<FMT>(scaled(raw[i], scale, m), 0.f) & 0xff);
+    }
+  }
+};
+
+// Static (scale given) or per-token (scale computed, written to s[row]) quantization: CTA
+// (blockIdx.x, blockIdx.y) handles span blockIdx.y of row blockIdx.x, a span being blockDim.x * kVec * NV
+// elements.
+// - static: any number of spans per row (gridDim.y of them), each loaded, converted and stored once;
+// - per-token, RESIDENT: one span holds the whole row (gridDim.y = 1): loaded once into registers,
+//   amax, scale, then converted from the registers;
+// - per-token, not RESIDENT (rows longer than a span): an amax pass and a converting pass over the
+//   row's spans (gridDim.y = 1), each span's loads in flight together.
+template <typename T, int FMT, int MODE, bool VEC, int NV, bool RESIDENT>
+__global__ void __launch_bounds__(kMaxThreads, kRowCtasPerSm) quant_rows_kernel(const T* __restrict__ x, uint8_t* __restrict__ q,
                                                                  float* __restrict__ s, int64_t K, int64_t stride,
                                                                  float m, float min_scale) {
   fp8pdl::pdl_launch_dependents();
@@ -105,39 +223,32 @@ __global__ void __launch_bounds__(kMaxThreads) quant_rows_kernel(const T* __rest
   const int64_t row = blockIdx.x;
   const T* xr = x + row * stride;
   uint8_t* qr = q + row * K;
-  float scale;
+  const int span = blockDim.x * kVec * NV;  // host: K < 2**31
+  Slots<T, VEC, NV> v;
   if constexpr (MODE == kStatic) {
-    scale = __ldg(s);
+    const int64_t k0 = int64_t(blockIdx.y) * span;
+    const int len = static_cast<int>(K - k0 < span ? K - k0 : span);
+    v.load(xr, k0, len);
+    const float scale = __ldg(s);
+    v.template store<FMT>(qr, k0, len, scale, m);
+  } else if constexpr (RESIDENT) {
+    v.load(xr, 0, static_cast<int>(K));
+    const float scale = fmaxf(__fdiv_rn(block_max(v.amax()), m), min_scale);
+    if (threadIdx.x == 0) s[row] = scale;
+    v.template store<FMT>(qr, 0, static_cast<int>(K), scale, m);
   } else {
     float amax = 0.f;
-    if constexpr (VEC) {
-      for (int64_t c = threadIdx.x; c < K / kVec; c += blockDim.x) {
-        float v[kVec];
-        load8(xr + c * kVec, v);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) amax = fmaxf(amax, finite_abs(v[i]));
-      }
-    } else {
-      for (int64_t k = threadIdx.x; k < K; k += blockDim.x) amax = fmaxf(amax, finite_abs(to_f32(xr[k])));
+    for (int64_t k0 = 0; k0 < K; k0 += span) {
+      v.load(xr, k0, static_cast<int>(K - k0 < span ? K - k0 : span));
+      amax = fmaxf(amax, v.amax());
     }
-    scale = fmaxf(__fdiv_rn(block_max(amax), m), min_scale);
+    const float scale = fmaxf(__fdiv_rn(block_max(amax), m), min_scale);
     if (threadIdx.x == 0) s[row] = scale;
-  }
-  if constexpr (VEC) {
-    for (int64_t c = threadIdx.x; c < K / kVec; c += blockDim.x) {
-      float v[kVec];
-      load8(xr + c * kVec, v);
-      uint16_t b[kVec / 2];
-#pragma unroll
-      for (int i = 0; i < kVec / 2; ++i) b[i] = cvt2<FMT>(scaled(v[2 * i], scale, m), scaled(v[2 * i + 1], scale, m));
-      uint2 packed;
-      packed.x = uint32_t(b[0]) | (uint32_t(b[1]) << 16);
-      packed.y = uint32_t(b[2]) | (uint32_t(b[3]) << 16);
-      *reinterpret_cast<uint2*>(qr + c * kVec) = packed;
+    for (int64_t k0 = 0; k0 < K; k0 += span) {
+      const int len = static_cast<int>(K - k0 < span ? K - k0 : span);
+      v.load(xr, k0, len);
+      v.template store<FMT>(qr, k0, len, scale, m);
     }
-  } else {
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
-      qr[k] = static_cast<uint8_t>(cvt2<FMT>(scaled(to_f32(xr[k]), scale, m), 0.f) & 0xff);
   }
 }
 
@@ -183,29 +294,95 @@ int round_threads(int64_t work) {
   return static_cast<int>(t);
 }
 
+// Largest slot count (template NV) of a row kernel: the register budget of its slots.
+template <typename T, bool VEC>
+constexpr int max_slots() {
+  return !VEC ? kScalarSlots : sizeof(T) == 4 ? kMaxSlotsVec32 : kMaxSlotsVec16;
+}
+
+// Launch shape of the row kernels: threads per CTA, slots per thread (NV), spans per row (gridDim.y)
+// and, per-token, whether the row fits in one span.
+struct RowPlan {
+  int threads;
+  int slots;
+  int64_t spans;
+  bool resident;
+};
+
+// Threads as before (kVec elements each, at most kMaxThreads). Static: the fewest slots a thread
+// (1, 2, 4, ...) whose grid of rows x spans stays within kStaticCtaTarget CTAs, or that holds the row
+// in one span (small M: a row spread over many CTAs, one load each; large M: one CTA a row, its
+// loads batched). Per-token: the fewest slots that hold the row in one span (resident), else the most.
+RowPlan plan_rows(int64_t rows, int64_t K, int mode, bool vec, int max_nv) {
+  const int64_t units = (K + kVec - 1) / kVec;
+  RowPlan p{round_threads(units), 1, 1, true};
+  const int64_t per_thread = (units + p.threads - 1) / p.threads;  // slots that hold the row in one span
+  if (!vec) {
+    p.slots = max_nv;
+  } else if (mode == kStatic) {
+    for (;; p.slots *= 2) {
+      const int64_t spans = (units + int64_t(p.threads) * p.slots - 1) / (int64_t(p.threads) * p.slots);
+      if (p.slots >= per_thread || p.slots >= max_nv || rows * spans <= kStaticCtaTarget) break;
+    }
+  } else {
+    while (p.slots < per_thread && p.slots < max_nv) p.slots *= 2;
+  }
+  const int64_t span = int64_t(p.threads) * kVec * p.slots;
+  if (mode == kStatic) {
+    p.spans = (K + span - 1) / span;
+  } else {
+    p.resident = K <= span;
+  }
+  return p;
+}
+
+template <typename T, int FMT, bool VEC, int NV>
+const char* launch_rows(const ActQuantArgs& a, const RowPlan& p, cudaStream_t stream) {
+  if constexpr (NV > max_slots<T, VEC>() || (!VEC && NV != kScalarSlots)) {
+    return "act_quant: internal error (row plan with an unsupported slot count)";
+  } else {
+    void (*kernel)(const T*, uint8_t*, float*, int64_t, int64_t, float, float) =
+        a.mode == kStatic ? quant_rows_kernel<T, FMT, kStatic, VEC, NV, true> : quant_rows_kernel<T, FMT, kToken, VEC, NV, true>;
+    if constexpr (NV == max_slots<T, VEC>()) {
+      if (a.mode == kToken && !p.resident) kernel = quant_rows_kernel<T, FMT, kToken, VEC, NV, false>;
+    }
+    if (p.spans > kMaxGridY) return "act_quant: rows too long for the static row kernel's grid";
+    const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(p.spans));
+    const cudaError_t e = fp8pdl::launch(kernel, grid, dim3(p.threads), stream, static_cast<const T*>(a.x),
+                                         static_cast<uint8_t*>(a.q), a.scale, a.K, a.row_stride, a.fmt_max, a.min_scale);
+    return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+  }
+}
+
+template <typename T, int FMT, bool VEC>
+const char* launch_rows_nv(const ActQuantArgs& a, const RowPlan& p, cudaStream_t stream) {
+  switch (p.slots) {
+    case 1: return launch_rows<T, FMT, VEC, 1>(a, p, stream);
+    case 2: return launch_rows<T, FMT, VEC, 2>(a, p, stream);
+    case 4: return launch_rows<T, FMT, VEC, 4>(a, p, stream);
+    case 8: return launch_rows<T, FMT, VEC, 8>(a, p, stream);
+    case 16: return launch_rows<T, FMT, VEC, 16>(a, p, stream);
+    default: return "act_quant: internal error (row plan with an unsupported slot count)";
+  }
+}
+
 template <typename T, int FMT>
 const char* launch_typed(const ActQuantArgs& a, cudaStream_t stream) {
-  const T* x = static_cast<const T*>(a.x);
-  uint8_t* q = static_cast<uint8_t*>(a.q);
   if (a.mode == kGroup) {
     const int64_t groups = (a.K + kGroupSize - 1) / kGroupSize;
     const int64_t gy = (groups + kGroupWarps - 1) / kGroupWarps;
-    const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(gy < 65535 ? gy : 65535));
-    const cudaError_t e = fp8pdl::launch(quant_groups_kernel<T, FMT>, grid, dim3(kGroupWarps * kWarp), stream, x, q,
-                                         a.scale, a.scale_ld, a.K, a.row_stride, a.fmt_max, a.min_scale);
+    const dim3 grid(static_cast<unsigned>(a.rows), static_cast<unsigned>(gy < kMaxGridY ? gy : kMaxGridY));
+    const cudaError_t e = fp8pdl::launch(quant_groups_kernel<T, FMT>, grid, dim3(kGroupWarps * kWarp), stream,
+                                         static_cast<const T*>(a.x), static_cast<uint8_t*>(a.q), a.scale, a.scale_ld,
+                                         a.K, a.row_stride, a.fmt_max, a.min_scale);
     if (e != cudaSuccess) return cudaGetErrorString(e);
   } else {
     const bool vec = a.K % kVec == 0 && (reinterpret_cast<uintptr_t>(a.x) % 16) == 0 &&
                      (a.row_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
                      (reinterpret_cast<uintptr_t>(a.q) % 8) == 0;
-    const int threads = round_threads(vec ? a.K / kVec : a.K);
-    const unsigned grid = static_cast<unsigned>(a.rows);
-    auto kernel = a.mode == kStatic
-                      ? (vec ? quant_rows_kernel<T, FMT, kStatic, true> : quant_rows_kernel<T, FMT, kStatic, false>)
-                      : (vec ? quant_rows_kernel<T, FMT, kToken, true> : quant_rows_kernel<T, FMT, kToken, false>);
-    const cudaError_t e = fp8pdl::launch(kernel, dim3(grid), dim3(threads), stream, x, q, a.scale, a.K, a.row_stride,
-                                         a.fmt_max, a.min_scale);
-    if (e != cudaSuccess) return cudaGetErrorString(e);
+    const RowPlan p = plan_rows(a.rows, a.K, a.mode, vec, vec ? max_slots<T, true>() : max_slots<T, false>());
+    const char* err = vec ? launch_rows_nv<T, FMT, true>(a, p, stream) : launch_rows_nv<T, FMT, false>(a, p, stream);
+    if (err != nullptr) return err;
   }
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
@@ -225,6 +402,7 @@ const char* act_quant(const ActQuantArgs& a, cudaStream_t stream) {
   if (a.rows < 0 || a.K < 0) return "act_quant: negative size";
   if (a.rows == 0 || a.K == 0) return nullptr;
   if (a.rows > 0x7fffffff) return "act_quant: more than 2**31 - 1 rows";
+  if (a.K > 0x7fffffff) return "act_quant: rows longer than 2**31 - 1 elements";
   if (a.scale == nullptr) return "act_quant: scale pointer is null";
   switch (a.x_kind) {
     case kF32: return launch_fmt<float>(a, stream);
