@@ -18,11 +18,16 @@ power-capped clock does too): ``randn`` (default: N(0, 1) cast to e4m3, what eve
 ``scaled`` (N(0, 1) scaled so that the largest magnitude is e4m3's 448, as a per-tensor quantizer
 produces), ``ones`` (every value 1.0) and ``zeros``. Several kinds (comma-separated) run one after the other.
 
+``--block`` adds ``auto_blk`` (our kernel with 1x128 activation groups x 128x128 weight blocks, its own
+config choice) and ``cublas_blk`` (cuBLASLt's block-scaled ``scaled_mm``): is the block path's time
+against per-tensor a lower clock (the promotion's FFMAs spend energy under the cap) or fewer FLOP per
+clock (issue)?
+
 ``--per-channel`` adds ``auto_ch``: the auto config with per-channel weight scales (is per-channel's
 extra time at long K a lower clock, i.e. more energy per FLOP, or fewer FLOP per clock?).
 
 Usage: python -m benchmarks.energy_bench [--shapes 8192x8192x8192,...] [--configs 7,10,11] [--per-channel]
-       [--data randn,scaled,ones,zeros] [--burn 0.6] [--window 1.0] [--rounds 2] [--json out.json]
+       [--block] [--data randn,scaled,ones,zeros] [--burn 0.6] [--window 1.0] [--rounds 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -37,12 +42,15 @@ import time
 
 import torch
 
-from benchmarks.common.operands import DATA_KINDS, make_operand
+from benchmarks.common.operands import DATA_KINDS, cublas_block_call, make_operand
+from benchmarks.common.ours import ours_block_call
 from benchmarks.common.shapes import parse_shapes
 
 #: Dense FP8 tensor-core FLOP per SM per clock on Hopper (4096 FMA).
 FP8_FLOP_PER_CLK_PER_SM = 8192
 NVML_CLOCK_SM = 1
+#: Side of the block scales (1x128 activation groups, 128x128 weight blocks).
+BLOCK = 128
 DEFAULT_SHAPES = "8192x8192x8192,8192x6144x4096,2048x6144x4096,6144x6144x1280"
 
 
@@ -113,6 +121,7 @@ def main() -> int:
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated MxNxK")
     ap.add_argument("--configs", default="7,10,11", help="forced sm90 config ids (besides auto and cuBLASLt)")
     ap.add_argument("--per-channel", action="store_true", help="also the auto config with per-channel scale_b")
+    ap.add_argument("--block", action="store_true", help="also ours and cuBLASLt with 1x128 x 128x128 block scales")
     ap.add_argument("--data", default="randn", help=f"comma-separated operand value kinds: {', '.join(DATA_KINDS)}")
     ap.add_argument("--burn", type=float, default=0.6)
     ap.add_argument("--window", type=float, default=1.0)
@@ -143,6 +152,15 @@ def main() -> int:
         if args.per_channel:
             s2c = torch.rand(n, 1, device="cuda") + 0.5
             fns["auto_ch"] = lambda: kern.sm90_gemm(a, b, s1, s2c, None, bf)
+        if args.block:
+            kb = -(-k // BLOCK)
+            sa_g = torch.rand(m, kb, device="cuda") + 0.5
+            sb_b = torch.rand(-(-n // BLOCK), kb, device="cuda") + 0.5
+            fn, why = ours_block_call(a, b, sa_g, sb_b, bf)
+            if fn is None:
+                raise SystemExit(f"energy_bench --block: {why}")
+            fns["auto_blk"] = fn
+            fns["cublas_blk"] = cublas_block_call(a, b, sa_g, sb_b, bf)
         res = {key: [] for key in fns}
         order = list(fns)
         for rnd in range(args.rounds):

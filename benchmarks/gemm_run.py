@@ -107,16 +107,6 @@ def with_env(fn, name: str, value: str, name2: str = "", value2: str = ""):
     return call
 
 
-def _block_peer(a, b, sa_group, sb_block):
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.functional import ScalingType
-
-    sa_cm = O.column_major(sa_group)
-    return lambda: F.scaled_mm(a, b.t(), sa_cm, ScalingType.BlockWise1x128, sb_block.t(),
-                               ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)
-
-
 @dataclass
 class Operands:
     """One copy of a shape's operands and every scale kind (docs/design.md section 2 layouts)."""
@@ -168,7 +158,7 @@ def calls_for(plan, ops: Operands, forced: list, na: dict) -> dict:
         sb_row_t = ops.sb_row.reshape(1, -1).contiguous()
         built["cublas_row"] = lambda: torch._scaled_mm(a, b.t(), scale_a=ops.sa_row, scale_b=sb_row_t, out_dtype=bf)
     if "cublas_block" in cols:
-        built["cublas_block"] = _block_peer(a, b, ops.sa_group, ops.sb_block)
+        built["cublas_block"] = O.cublas_block_call(a, b, ops.sa_group, ops.sb_block)
     if "bf16" in cols:
         abf, bbf = a.to(bf), b.to(bf)
         built["bf16"] = lambda: torch.matmul(abf, bbf.t())

@@ -62,6 +62,20 @@ def column_major(t: torch.Tensor) -> torch.Tensor:
     return t.t().contiguous().t()
 
 
+def cublas_block_call(a: torch.Tensor, b: torch.Tensor, sa_group: torch.Tensor, sb_block: torch.Tensor,
+                      out_dtype: torch.dtype = torch.bfloat16):
+    """cuBLASLt's block-scaled GEMM as a callable: ``a`` [M, K] and ``b`` [N, K] e4m3, ``sa_group`` fp32
+    [M, ceil(K/128)] (1x128 groups), ``sb_block`` fp32 [ceil(N/128), ceil(K/128)] (128x128 blocks), through
+    ``torch.nn.functional.scaled_mm`` BlockWise1x128 x BlockWise128x128 (``scale_a`` made column-major
+    once, here); returns ``[M, N]`` in ``out_dtype``."""
+    import torch.nn.functional as F
+    from torch.nn.functional import ScalingType
+
+    sa_cm = column_major(sa_group)
+    return lambda: F.scaled_mm(a, b.t(), sa_cm, ScalingType.BlockWise1x128, sb_block.t(),
+                               ScalingType.BlockWise128x128, output_dtype=out_dtype)
+
+
 def rotation_copies(bytes_per_copy: int, rotate_bytes: int, max_copies: int = 512) -> int:
     """How many copies of an operand set to cycle through so that the copies together span at least
     ``rotate_bytes`` (so no call finds its weight in L2): at least 2, at most ``max_copies``."""
