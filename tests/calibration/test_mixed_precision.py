@@ -235,3 +235,169 @@ def test_rank_slice_needs_its_references():
         keep_to_budget(nn.Linear(2, 2), {}, {}, [], [], 0.1, None, rank_batches=[])
     with pytest.raises(ValueError, match="margin_se"):
         keep_to_budget(nn.Linear(2, 2), {}, {}, [], [], 0.1, None, margin_se=-1.0)
+
+
+# --- the unseen-text probe (keep_to_budget(..., probe=...)) -------------------------------------------
+
+PROBE_SEQ = 24  # the tiny Llama's positions: 128
+
+
+def _search(model, rows, budget, probe=None, **kw):
+    """The budget search of ``quantize_model(..., max_kl=budget)`` on token-id ``rows``, with an optional
+    probe (the unquantized ``model`` is left as it is). Returns ``(chosen model, report)``."""
+    from fp8_linear.calibration.mixed_precision import keep_to_budget
+
+    batches = materialize_batches(rows, batch_size=4)
+    cal, hold = split_holdout(batches)
+    rank = split_ranking(cal, hold)
+    fp8 = quantize_model(copy.deepcopy(model), [r for b in cal for r in b.input_ids], "fp8-tensor", progress=False)
+    originals = select_linears(model)
+    quantized = {n: fp8.get_submodule(n) for n in originals}
+    probe_refs = None if probe is None else reference_logprobs(model, probe)
+    rep = keep_to_budget(fp8, quantized, originals, hold, reference_logprobs(model, hold), budget,
+                         lambda m, n, x: m.set_submodule(n, x), rank, reference_logprobs(model, rank),
+                         probe=probe, probe_refs=probe_refs, **kw)
+    return fp8, rep
+
+
+def _meets(rep_like, budget, margin=MARGIN_SE):
+    kl, se, pk, pse, windows = rep_like
+    from fp8_linear.calibration.mixed_precision import PROBE_JUDGE_WINDOWS, PROBE_Z, prediction_se
+
+    return kl + margin * se <= budget and pk + PROBE_Z * prediction_se(pse, windows, PROBE_JUDGE_WINDOWS) <= budget
+
+
+def test_prediction_se_is_the_se_of_a_new_texts_mean_minus_the_estimate():
+    """``se * sqrt(1 + n / N)``: for per-window spread ``sd`` (se = sd / sqrt(n)) the difference of a new
+    N-window mean and the n-window estimate has variance sd^2 (1/N + 1/n); checked against simulated
+    windows."""
+    from fp8_linear.calibration.mixed_precision import prediction_se
+
+    assert prediction_se(0.01, 16, 16) == pytest.approx(0.01 * 2 ** 0.5, rel=1e-12)
+    assert prediction_se(0.02, 39, 16) == pytest.approx(0.02 * (1 + 39 / 16) ** 0.5, rel=1e-12)
+    g = torch.Generator().manual_seed(0)
+    n, big_n, sd = 12, 5, 0.3
+    est = torch.randn(20000, n, generator=g, dtype=torch.float64).mul(sd).mean(1)
+    new = torch.randn(20000, big_n, generator=g, dtype=torch.float64).mul(sd).mean(1)
+    assert float((new - est).std()) == pytest.approx(prediction_se(sd / n ** 0.5, n, big_n), rel=0.03)
+
+
+@pytest.mark.parametrize("args", [(0.01, 0, 16), (0.01, 16, 0), (0.01, True, 16), (0.01, 16, 2.5),
+                                  (-0.01, 16, 16), (float("nan"), 16, 16)])
+def test_prediction_se_bad_inputs_raise(args):
+    from fp8_linear.calibration.mixed_precision import prediction_se
+
+    with pytest.raises(ValueError, match="windows|se:"):
+        prediction_se(*args)
+
+
+def test_probe_batches_are_windows_spread_over_the_choose_split(word_tokenizer):
+    from fp8_linear.calibration.data import corpus_text, text_windows
+    from fp8_linear.calibration.mixed_precision import PROBE_SPLIT, PROBE_WINDOWS, probe_batches
+
+    assert PROBE_SPLIT == "choose"
+    probe = probe_batches(word_tokenizer, PROBE_SEQ)
+    assert [tuple(b.input_ids.shape) for b in probe] == [(4, PROBE_SEQ)] * (PROBE_WINDOWS // 4)
+    assert all(bool(b.attention_mask.all()) for b in probe)
+    wins = text_windows(corpus_text("choose"), word_tokenizer, PROBE_SEQ)
+    got = torch.cat([b.input_ids for b in probe])
+    want = torch.stack([wins[(i * len(wins)) // PROBE_WINDOWS] for i in range(PROBE_WINDOWS)])
+    assert len(wins) > PROBE_WINDOWS and torch.equal(got, want)
+    assert got[-1].tolist() != wins[PROBE_WINDOWS - 1].tolist()  # spread over the text, not its first windows
+    short = probe_batches(word_tokenizer, PROBE_SEQ, text=" ".join(["the of and"] * 20), windows=16)
+    assert sum(b.input_ids.shape[0] for b in short) == 60 // PROBE_SEQ  # fewer windows than asked: all of them
+
+
+@pytest.mark.parametrize("kw, match", [({"tokenizer": None}, "tokenizer"), ({"windows": 0}, "windows"),
+                                       ({"seq_len": True}, "seq_len"), ({"batch_size": -1}, "batch_size"),
+                                       ({"text": ""}, "text"), ({"text": b"the of"}, "text")])
+def test_probe_batches_bad_inputs_raise(word_tokenizer, kw, match):
+    from fp8_linear.calibration.mixed_precision import probe_batches
+
+    args = {"tokenizer": word_tokenizer, "seq_len": PROBE_SEQ, **kw}
+    with pytest.raises(ValueError, match=match):
+        probe_batches(args.pop("tokenizer"), args.pop("seq_len"), **args)
+
+
+def test_probe_choice_meets_its_target_on_the_probe_with_fewest_layers(word_tokenizer):
+    """With the probe the chosen model's KL on the choose-split windows, measured again independently,
+    plus PROBE_Z prediction SEs is within the budget, as is its held-out KL + 1 SE; one layer fewer of
+    the same ranking misses one of the two. Without a probe the same search is quantize_model's."""
+    from fp8_linear.calibration.mixed_precision import PROBE_JUDGE_WINDOWS, PROBE_Z, prediction_se, probe_batches
+
+    model, rows = _llama(), _rows(32)
+    budget = _all_fp8_kl(model, rows) / 3
+    _, bare = _search(model, rows, budget)
+    assert bare.kept == quantize_model(copy.deepcopy(model), rows, "fp8-tensor", max_kl=budget,
+                                       progress=False).fp8_mixed_precision.kept
+    assert bare.probe_windows == 0 and "no unseen-text probe" in bare.summary()
+    probe = probe_batches(word_tokenizer, PROBE_SEQ)
+    q, rep = _search(model, rows, budget, probe)
+    assert rep.probe_windows == 16 and rep.probe_tokens == 16 * (PROBE_SEQ - 1)
+    assert rep.probe_z == 1.645 and rep.probe_judge_windows == PROBE_JUDGE_WINDOWS == 16
+    pk, pse = measure_kl_se(q, probe, reference_logprobs(model, probe))
+    assert pk == pytest.approx(rep.probe_kl, rel=1e-6) and pse == pytest.approx(rep.probe_se, rel=1e-6)
+    assert rep.probe_margin == pytest.approx(PROBE_Z * prediction_se(pse, 16, 16), rel=1e-12)
+    assert rep.probe_kl + rep.probe_margin <= budget and rep.kl + rep.kl_se <= budget
+    assert rep.probe_kl_all_fp8 > budget  # the probe had work to do
+    assert len(rep.kept) > len(bare.kept) and rep.kept[:len(bare.kept)] == bare.kept  # same ranking, more kept (5 -> 8)
+    assert "unseen-text probe KL" in rep.summary()
+    # fewest: the top len(kept) - 1 layers of the same ranking miss the combined target
+    fewer = quantize_model(copy.deepcopy(model), rows[:28], "fp8-tensor", progress=False)
+    for name in rep.kept[:-1]:
+        fewer.set_submodule(name, model.get_submodule(name))
+    hold = split_holdout(materialize_batches(rows, batch_size=4))[1]
+    kl, se = measure_kl_se(fewer, hold, reference_logprobs(model, hold))
+    pk, pse = measure_kl_se(fewer, probe, reference_logprobs(model, probe))
+    assert not _meets((kl, se, pk, pse, 16), budget)
+
+
+def test_changing_the_report_split_does_not_change_the_choice(word_tokenizer, monkeypatch):
+    """The default probe reads the choose split only: rewriting every report-split topic (reversed, same
+    lengths, so the cut between the splits stays) leaves the probe, the kept layers and every figure as
+    they were, while rewriting the choose split moves the probe."""
+    from pydoc_data import topics as pydoc_topics
+
+    from fp8_linear.calibration.data import corpus_text
+    from fp8_linear.calibration.mixed_precision import probe_batches
+
+    model, rows = _llama(), _rows(32)
+    budget = _all_fp8_kl(model, rows) / 3
+    choose0, report0 = corpus_text("choose"), corpus_text("report")
+    _, rep0 = _search(model, rows, budget, probe_batches(word_tokenizer, PROBE_SEQ))
+
+    def rewritten(split):
+        keys = [k for k, v in pydoc_topics.topics.items() if v and v in corpus_text(split)]
+        return {**pydoc_topics.topics, **{k: pydoc_topics.topics[k][::-1] for k in keys}}
+
+    monkeypatch.setattr(pydoc_topics, "topics", rewritten("report"))
+    assert corpus_text("report") != report0 and corpus_text("choose") == choose0
+    _, rep1 = _search(model, rows, budget, probe_batches(word_tokenizer, PROBE_SEQ))
+    assert rep1.kept == rep0.kept and rep1.probe_kl == rep0.probe_kl and rep1.kl == rep0.kl
+    monkeypatch.undo()
+    monkeypatch.setattr(pydoc_topics, "topics", rewritten("choose"))
+    assert corpus_text("choose") != choose0
+    _, rep2 = _search(model, rows, budget, probe_batches(word_tokenizer, PROBE_SEQ))
+    assert rep2.probe_kl_all_fp8 != rep0.probe_kl_all_fp8
+
+
+@pytest.mark.parametrize("kw, match", [({"probe_z": -1.0}, "probe_z"), ({"probe_z": float("nan")}, "probe_z"),
+                                       ({"probe_z": True}, "probe_z"), ({"judge_windows": 0}, "judge_windows"),
+                                       ({"judge_windows": 2.5}, "judge_windows")])
+def test_probe_bad_parameters_raise(kw, match):
+    from fp8_linear.calibration.mixed_precision import keep_to_budget
+
+    with pytest.raises(ValueError, match=match):
+        keep_to_budget(nn.Linear(2, 2), {}, {}, [], [], 0.1, None, **kw)
+
+
+def test_probe_needs_its_references_and_tokens():
+    from fp8_linear.calibration.data import Batch
+    from fp8_linear.calibration.mixed_precision import keep_to_budget
+
+    ids = torch.ones(2, 8, dtype=torch.long)
+    with pytest.raises(ValueError, match="probe_refs"):
+        keep_to_budget(nn.Linear(2, 2), {}, {}, [], [], 0.1, None, probe=[Batch(ids, torch.ones_like(ids))])
+    with pytest.raises(ValueError, match="probe: expected"):
+        keep_to_budget(nn.Linear(2, 2), {}, {}, [], [], 0.1, None, probe=[Batch(ids, torch.zeros_like(ids))],
+                       probe_refs=[torch.zeros(2, 7, 4)])
