@@ -1,16 +1,28 @@
-"""Host cost of one call of a compiled decode step, apart from running it: dynamo's guards and argument passing.
+"""Host cost of one call of a compiled decode step, apart from running it: dynamo's guards, argument passing
+and the side effects replayed after the graph.
 
 A small Llama (width 128, ``--layers`` decoder layers, random weights, bf16) with its decoder Linears as
 BF16 ``nn.Linear`` or ``FP8Linear`` of each preset is compiled (``fullgraph=True``) the way
 transformers compiles its static-cache decode step, with a backend that runs the graph once and then
-returns that result: what a call costs afterwards is the guard evaluation and the collection of the
-graph's inputs, the part of a compiled call that grows with the number of layers and tensors. Each
-path runs in its own process (no other compiled entry to fail through first); the figure is the best of
-``--rounds`` rounds of 10 calls. Runs on a CPU. A path ``<preset>+fused`` also fuses the q/k/v and
-gate/up siblings (``fp8_linear.fuse_projections``).
+returns that result: what a call costs afterwards is the guard evaluation, the collection of the
+graph's inputs and the replay of attribute stores, the part of a compiled call that grows with the
+number of layers and tensors (the AOTAutograd and CUDA-graph wrappers on a GPU add per-input work of
+their own). Each path runs in its own process (no other compiled entry to fail through first). Per path:
+
+- ``us``: the fastest of ``--calls`` single calls (on a shared, loaded CPU the minimum is the figure
+  that repeats);
+- ``inputs``: the graph's inputs (tensors dynamo passes in: parameters, buffers, cache tensors);
+- ``guards``: leaf guards of the cache entry that serves the steady calls (dynamo's C++ guard tree), of
+  them ``lambda``: the conditions of guards evaluated in Python (mostly object aliasing: one object
+  reached by two paths);
+- ``stores``: attribute stores dynamo replays after the graph (side effects of the traced forward),
+  counted as calls of its store helper during one call.
+
+A path ``<preset>+fused`` also fuses the q/k/v and gate/up siblings (``fp8_linear.fuse_projections``).
+Runs on a CPU:
 
     python -m benchmarks.compiled_call_overhead [--layers 8] [--paths bf16,fp8-tensor,fp8-channel,fp8-dynamic]
-    python -m benchmarks.compiled_call_overhead --paths bf16,fp8-tensor,fp8-tensor+fused
+    python -m benchmarks.compiled_call_overhead --layers 32 --paths bf16,fp8-channel+fused,fp8-dynamic+fused
 """
 
 from __future__ import annotations
@@ -26,12 +38,50 @@ PATHS = ("bf16", "fp8-tensor", "fp8-channel", "fp8-dynamic")
 FUSED = "+fused"
 #: The small Llama: only the structure matters (layers, modules, tensors), not the width.
 CONFIG = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+#: dynamo's helper that replays an attribute store of the traced code after the graph.
+STORE_HELPER = "object_setattr_ignore_descriptor"
 
 
-def measure(path: str, layers: int, rounds: int) -> dict:
-    """``{path, layers, us_per_call, graph_inputs}`` of one path, in this process."""
+def count_guards(root) -> tuple[int, int]:
+    """``(leaf guards, lambda guards)`` of a dynamo guard tree (``cache_entry.guard_manager``)."""
+    root = getattr(root, "root", root)  # torch's Python wrapper around the C++ root manager
+    leaves = lambdas = 0
+    todo = [root]
+    while todo:
+        m = todo.pop()
+        for g in m.get_leaf_guards():
+            leaves += 1
+            if "LAMBDA" in type(g).__name__:  # one Python function may check several conditions
+                lambdas += max(1, len(g.verbose_code_parts()))
+        todo.extend(m.get_child_managers())
+    for g in root.get_epilogue_lambda_guards() if hasattr(root, "get_epilogue_lambda_guards") else []:
+        leaves += 1
+        lambdas += max(1, len(g.verbose_code_parts()))
+    return leaves, lambdas
+
+
+def count_stores(call) -> int:
+    """Calls of dynamo's attribute-store helper during ``call()``."""
+    n = 0
+
+    def prof(frame, event, arg):
+        nonlocal n
+        if event == "call" and frame.f_code.co_name == STORE_HELPER:
+            n += 1
+
+    sys.setprofile(prof)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return n
+
+
+def measure(path: str, layers: int, calls: int) -> dict:
+    """``{path, layers, us_per_call, graph_inputs, guards, lambda_guards, stores}`` of one path, in this process."""
     import torch
     from torch import nn
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
     from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
     from fp8_linear import FP8Linear, fuse_projections
@@ -62,36 +112,46 @@ def measure(path: str, layers: int, rounds: int) -> dict:
     with torch.inference_mode():
         step(**kw)
         step(**kw)
-        for _ in range(rounds):
+        for _ in range(calls):
             t0 = time.perf_counter()
-            for _ in range(10):
-                step(**kw)
-            best = min(best, (time.perf_counter() - t0) / 10)
-    return dict(path=path, layers=layers, us_per_call=round(best * 1e6, 1), graph_inputs=inputs["n"])
+            step(**kw)
+            best = min(best, time.perf_counter() - t0)
+        stores = count_stores(lambda: step(**kw))
+    fn = model.forward
+    entries = _debug_get_cache_entry_list(getattr(fn, "__func__", fn).__code__)
+    guards, lambdas = count_guards(entries[0].guard_manager) if entries else (-1, -1)
+    return dict(path=path, layers=layers, us_per_call=round(best * 1e6, 1), graph_inputs=inputs["n"], guards=guards,
+                lambda_guards=lambdas, stores=stores)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--paths", default=",".join(PATHS))
-    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--calls", type=int, default=1000, help="single calls timed per path (the fastest is reported)")
+    ap.add_argument("--json", default=None, help="also write the rows to this file")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child process of one path
     args = ap.parse_args(argv)
     if args.one:
-        print(json.dumps(measure(args.one, args.layers, args.rounds)))
+        print(json.dumps(measure(args.one, args.layers, args.calls)))
         return 0
     rows = []
     for path in args.paths.split(","):
         out = subprocess.run([sys.executable, "-m", "benchmarks.compiled_call_overhead", "--one", path,
-                              "--layers", str(args.layers), "--rounds", str(args.rounds)],
+                              "--layers", str(args.layers), "--calls", str(args.calls)],
                              capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     base = rows[0]["us_per_call"]
     linears = 7 * args.layers
-    print(f"compiled decode step, {args.layers} layers ({linears} linear layers): host us per call beyond running it")
+    print(f"compiled decode step, {args.layers} layers ({linears} linear layers): host cost per call beyond running it")
+    print(f"{'path':<18} {'us':>8} {'per linear':>11} {'inputs':>7} {'guards':>7} {'lambda':>7} {'stores':>7}")
     for r in rows:
-        print(f"{r['path']:<18} {r['us_per_call']:>8.1f} us  ({(r['us_per_call'] - base) / linears:+.2f} us per linear "
-              f"layer against {rows[0]['path']}; {r['graph_inputs']} graph inputs)")
+        print(f"{r['path']:<18} {r['us_per_call']:>8.1f} {(r['us_per_call'] - base) / linears:>+11.2f} "
+              f"{r['graph_inputs']:>7} {r['guards']:>7} {r['lambda_guards']:>7} {r['stores']:>7}")
+    print(f"(per linear: us per linear layer against {rows[0]['path']})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
     return 0
 
 
