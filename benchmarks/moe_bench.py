@@ -17,7 +17,8 @@ Two parts, one run (docs/moe.md):
    ``grouped_mm`` experts run). ``triton.testing.do_bench`` medians; a candidate that fails prints its
    error; each row also holds the loop's output against the grouped call's (calc_diff).
 2. **Model**: prefill tokens/s (one forward of ``[1, --prefill]``) and decode tokens/s (greedy
-   ``generate`` at batch 1, decode = generate(N) - generate(1)), eager, and compiled static cache with
+   ``generate`` at batch 1, the median token interval with the garbage collector off, the first decode
+   step of a call apart), eager, and compiled static cache with
    ``--compile`` (with ``--quick`` or ``--compiled-only``: BF16 and FP8 grouped only; graph breaks and
    CUDA graph skips counted); BF16 (transformers' experts implementation) against
    ``quantize_model(..., fp8-dynamic)`` with the grouped GEMM's own choice and with the per-expert
@@ -56,6 +57,7 @@ from fp8_linear.moe.grouped_backends import PER_EXPERT, SM90_GROUPED, TORCH_GROU
 from benchmarks.common.cuda_clock import is_cuda
 from benchmarks.common.random_model import from_fields
 from benchmarks.moe_loop import ScaledMMLoop
+from benchmarks.moe_profile import compile_counters
 
 #: Qwen3-30B-A3B (public config.json values); ``--layers`` cuts the depth.
 QWEN3_30B_A3B = dict(
@@ -286,39 +288,44 @@ def _wall(fn, device) -> float:
     return time.perf_counter() - t0
 
 
-def compile_counters() -> dict:
-    """What dynamo and inductor counted since the last ``counters.clear()``: graph breaks, graphs compiled,
-    CUDA graph skips (an FP8 step that inductor does not capture pays every launch on the host) and inputs
-    that CUDA graphs had to copy (non-static)."""
-    from torch._dynamo.utils import counters
-
-    return dict(graph_breaks=sum(counters["graph_break"].values()), graphs=counters["stats"]["unique_graphs"],
-                cudagraph_skips=counters["inductor"]["cudagraph_skips"],
-                cudagraph_non_static_inputs=counters["inductor"]["cudagraph_recorded_non_static_inputs"])
-
-
 def model_times(model, device, prefill: int, new: int, reps: int, compiled: bool) -> dict:
     """Prefill tokens/s (one forward of ``[1, prefill]``, eager) and decode tokens/s at batch 1 (greedy
-    ``generate``, decode step = (generate(new) - generate(1)) / (new - 1)); compiled: transformers' static-cache
-    compiled decode (``torch.compile`` mode reduce-overhead, CUDA graphs), with :func:`compile_counters`."""
+    ``generate``); compiled: transformers' static-cache compiled decode (``torch.compile`` mode
+    reduce-overhead, CUDA graphs), with :func:`compile_counters`.
+
+    The decode step is the median interval between tokens of ``max(1, reps - 1)`` timed ``generate``
+    calls (:func:`benchmarks.common.generate_clock.timed_generate`: a streamer stamps every token,
+    garbage collection off), after one untimed call (compile, CUDA-graph capture). The first decode step
+    of each call, which re-records the CUDA graph for the call's new static cache, is reported apart
+    (``first_step_ms``); ``(generate(N) - generate(1)) / (N - 1)`` spread it, and any collection of the
+    garbage collector that fell into the longer call, over the steps (docs/moe.md, "Compiled decode")."""
+    import gc
+
     from torch._dynamo.utils import counters
+
+    from benchmarks.common.generate_clock import timed_generate
 
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (1, prefill), device=device)
     prompt = torch.randint(0, vocab, (1, 16), device=device)
-    kw = dict(do_sample=False, cache_implementation="static") if compiled else dict(do_sample=False, disable_compile=True)
+    kw = dict(cache_implementation="static") if compiled else dict(disable_compile=True)
     counters.clear()
     with torch.inference_mode():
         model(ids)
-        pre = statistics.median(_wall(lambda: model(ids), device) for _ in range(reps))
-        gen = lambda n: model.generate(prompt, max_new_tokens=n, min_new_tokens=n, **kw)  # noqa: E731
+        gc.collect()
+        gc.disable()
+        try:
+            pre = statistics.median(_wall(lambda: model(ids), device) for _ in range(reps))
+        finally:
+            gc.enable()
         t0 = time.perf_counter()
-        gen(new)
+        model.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, **kw)
         first_s = time.perf_counter() - t0
-        one = statistics.median(_wall(lambda: gen(1), device) for _ in range(reps))
-        full = statistics.median(_wall(lambda: gen(new), device) for _ in range(max(1, reps - 1)))
-    step = (full - one) / (new - 1)
-    out = dict(prefill_tok_s=prefill / pre, decode_tok_s=1 / step, decode_step_ms=step * 1e3, first_generate_s=first_s)
+        runs = [timed_generate(model, prompt, new, kw)[0] for _ in range(max(1, reps - 1))]
+    step = statistics.median(r["step_ms"] for r in runs)
+    out = dict(prefill_tok_s=prefill / pre, decode_tok_s=1e3 / step, decode_step_ms=step,
+               first_step_ms=statistics.median(r["first_step_ms"] for r in runs),
+               mean_step_ms=statistics.median(r["mean_step_ms"] for r in runs), first_generate_s=first_s)
     return {**out, **compile_counters()} if compiled else out
 
 
@@ -381,8 +388,8 @@ def model_part(cfg, layers, device, prefill, new, reps, compiled, quick: bool = 
                 diag = (f"  graph breaks {t['graph_breaks']}, graphs {t['graphs']}, cudagraph skips {t['cudagraph_skips']}"
                         f" (first generate {t['first_generate_s']:.0f} s)" if mode and "error" not in t else "")
                 print(f"{label:24s} {'compiled' if mode else 'eager   '} " + (
-                    f"prefill {t['prefill_tok_s']:9.0f} tok/s  decode {t['decode_tok_s']:7.1f} tok/s  "
-                    f"weights {row['weight_gb']:.2f} GB" + diag if "error" not in t else t["error"]))
+                    f"prefill {t['prefill_tok_s']:9.0f} tok/s  decode {t['decode_tok_s']:7.1f} tok/s "
+                    f"(step {t['decode_step_ms']:.3f} ms, first step {t['first_step_ms']:.2f} ms)  weights {row['weight_gb']:.2f} GB" + diag if "error" not in t else t["error"]))
         del model
     return rows
 
@@ -405,9 +412,12 @@ def profile_part(cfg, layers, device, prefill, reps, new, prefill_on: bool, deco
     compare(rows)
     if len(decode) == 2:
         b, f = decode
+        graph = "cudaGraphLaunch"
         print(f"\ndecode step at batch 1, {layers} layers: {f['model']} {f['step_ms']:.3f} ms against {b['model']} "
-              f"{b['step_ms']:.3f} ms ({b['step_ms'] / f['step_ms']:.2f}x); GPU busy {f['gpu_busy_ms']:.3f} against "
-              f"{b['gpu_busy_ms']:.3f} ms, kernels {f['kernels']:.1f} against {b['kernels']:.1f}")
+              f"{b['step_ms']:.3f} ms ({b['step_ms'] / f['step_ms']:.2f}x; first step {f['first_step_ms']:.2f} against "
+              f"{b['first_step_ms']:.2f} ms); GPU busy {f['gpu_busy_ms']:.3f} against {b['gpu_busy_ms']:.3f} ms, kernels "
+              f"{f['kernels']:.1f} against {b['kernels']:.1f}, graph launches {f['launch_calls'].get(graph, 0):.1f} against "
+              f"{b['launch_calls'].get(graph, 0):.1f} a step")
     return rows + decode
 
 

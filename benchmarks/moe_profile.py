@@ -281,43 +281,96 @@ def kernel_figures(cats: dict, names: dict, per: float) -> dict:
         top_kernels=[dict(name=n[:160], calls=c / per, ms=us / per / 1e3) for n, (c, us) in top])
 
 
-def _profiled(fn, device) -> tuple[dict, dict, float]:
-    """``fn()`` under the profiler (CUDA kernels only on a GPU: the host ops of ``generate`` are not
-    needed): :func:`kernel_sums` and the synchronized wall ms."""
+def compile_counters() -> dict:
+    """What dynamo and inductor counted since the last ``counters.clear()``: graph breaks, graphs compiled,
+    CUDA graph skips (an FP8 step that inductor does not capture pays every launch on the host) and inputs
+    that CUDA graphs had to copy (non-static)."""
+    from torch._dynamo.utils import counters
+
+    return dict(graph_breaks=sum(counters["graph_break"].values()), graphs=counters["stats"]["unique_graphs"],
+                cudagraph_skips=counters["inductor"]["cudagraph_skips"],
+                cudagraph_non_static_inputs=counters["inductor"]["cudagraph_recorded_non_static_inputs"])
+
+
+#: CUDA runtime / driver calls counted per decode step (CPU-side profiler events): a step replayed from a
+#: CUDA graph is one ``cudaGraphLaunch`` and the few eager launches of ``generate``'s own ops; a step that
+#: CUDA graphs do not capture launches every kernel of the model itself.
+LAUNCH_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                "cudaMemcpyAsync", "cudaStreamSynchronize")
+
+
+def _profiled(fn, device) -> tuple[dict, dict, float, dict]:
+    """``fn()`` under the profiler (host and CUDA activities on a GPU) with garbage collection off:
+    :func:`kernel_sums`, the synchronized wall ms and the :data:`LAUNCH_CALLS` counts."""
+    import gc
+
     from torch.profiler import ProfilerActivity, profile
 
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if is_cuda(device) else [])
     sync(device)
-    with profile(activities=[ProfilerActivity.CUDA if is_cuda(device) else ProfilerActivity.CPU]) as prof:
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        wall = (time.perf_counter() - t0) * 1e3
-    return (*kernel_sums(_split(prof.events())[0]), wall)
+    gc.collect()
+    gc.disable()
+    try:
+        with profile(activities=acts) as prof:
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            wall = (time.perf_counter() - t0) * 1e3
+    finally:
+        gc.enable()
+    kernels, cpu = _split(prof.events())
+    calls = collections.Counter(e.name for e in cpu if e.name in LAUNCH_CALLS)
+    return (*kernel_sums(kernels), wall, dict(calls))
+
+
+def _per_step(long: dict, short: dict, steps: int) -> dict:
+    return {k: (long.get(k, 0) - short.get(k, 0)) / steps for k in sorted(set(long) | set(short))}
 
 
 def profile_decode(model, label: str, new: int, device) -> dict:
     """One compiled decode step at batch 1 (transformers' static-cache ``generate``, as ``moe_bench
-    --compile`` times it), kernel by kernel: ``generate`` of ``new`` tokens and of 1 token (the prompt's
-    prefill only) profiled after two warm-up calls (compile, CUDA-graph capture); their difference over
-    ``new - 1`` steps is one step (prefill and per-call costs cancel). Prints and returns the step's wall
-    ms, kernels and GPU busy ms by category and the top kernels."""
+    --compile`` times it), after two warm-up calls (compile, CUDA-graph capture):
+
+    - ``step_ms``: the median interval between tokens of two timed calls (a streamer stamp per token,
+      garbage collection off; :func:`benchmarks.common.generate_clock.timed_generate`), the steady step;
+      ``first_step_ms`` the first decode step of a call (it re-records the CUDA graph for the call's new
+      static cache);
+    - kernels and GPU busy ms by category, the top kernels, and the CUDA launch calls per step
+      (:data:`LAUNCH_CALLS`), from ``generate(new) - generate(1)`` profiled (prefill and per-call costs
+      cancel) over ``new - 1`` steps; ``profiled_step_ms`` is that difference's wall time (the figure
+      reported before, which also holds the per-call re-record spread over the steps);
+    - :func:`compile_counters` since the first warm-up call (graph breaks, graphs,
+      CUDA graph skips).
+
+    Prints and returns the figures."""
+    from torch._dynamo.utils import counters
+
+    from benchmarks.common.generate_clock import timed_generate
+
     prompt = torch.randint(0, model.config.vocab_size, (1, 16), device=device)
-    kw = dict(do_sample=False, cache_implementation="static")
+    kw = dict(cache_implementation="static")
 
     def gen(n):
-        return lambda: model.generate(prompt, max_new_tokens=n, min_new_tokens=n, **kw)
+        return lambda: model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, **kw)
 
+    counters.clear()
     with torch.inference_mode():
         for _ in range(2):
             gen(new)()
-        c1, n1, w1 = _profiled(gen(1), device)
-        cn, nn_, wn = _profiled(gen(new), device)
+        runs = [timed_generate(model, prompt, new, kw)[0] for _ in range(2)]
+        c1, n1, w1, a1 = _profiled(gen(1), device)
+        cn, nn_, wn, an = _profiled(gen(new), device)
     steps = new - 1
     cats = {k: [v[0] - c1.get(k, [0, 0.0])[0], v[1] - c1.get(k, [0, 0.0])[1]] for k, v in cn.items()}
     names = {k: [v[0] - n1.get(k, [0, 0.0])[0], v[1] - n1.get(k, [0, 0.0])[1]] for k, v in nn_.items()}
-    out = dict(model=label, new_tokens=new, step_ms=(wn - w1) / steps, **kernel_figures(cats, names, steps))
-    print(f"\n== {label}: compiled decode step at batch 1 (generate({new}) - generate(1), over {steps} steps): "
-          f"wall {out['step_ms']:.3f} ms, GPU busy {out['gpu_busy_ms']:.3f} ms, {out['kernels']:.1f} kernels")
+    out = dict(model=label, new_tokens=new, step_ms=statistics.median(r["step_ms"] for r in runs),
+               first_step_ms=statistics.median(r["first_step_ms"] for r in runs), profiled_step_ms=(wn - w1) / steps,
+               launch_calls=_per_step(an, a1, steps), **compile_counters(), **kernel_figures(cats, names, steps))
+    print(f"\n== {label}: compiled decode step at batch 1: {out['step_ms']:.3f} ms (median token interval, GC off; "
+          f"first step {out['first_step_ms']:.2f} ms; generate({new}) - generate(1) under the profiler "
+          f"{out['profiled_step_ms']:.3f} ms a step), GPU busy {out['gpu_busy_ms']:.3f} ms, {out['kernels']:.1f} kernels")
+    print(f"    graph breaks {out['graph_breaks']}, graphs {out['graphs']}, CUDA graph skips {out['cudagraph_skips']}; "
+          "launch calls per step: " + (", ".join(f"{k} {v:.1f}" for k, v in out["launch_calls"].items()) or "none"))
     for k, v in out["categories"].items():
         print(f"    {k:26s} {v['kernels']:6.1f} kernels {v['ms'] * 1e3:8.1f} us")
     for t in out["top_kernels"]:
@@ -396,4 +449,5 @@ def compare(rows: list[dict]) -> None:
         print(f"  {k:26s} {b['ms'] - a['ms']:+8.3f} ms  {b['kernels'] - a['kernels']:+6.1f} kernels")
 
 
-__all__ = ["CATEGORIES", "MODULE_KINDS", "ModuleHooks", "category", "compare", "profile_prefill"]
+__all__ = ["CATEGORIES", "LAUNCH_CALLS", "MODULE_KINDS", "ModuleHooks", "category", "compare", "compile_counters",
+           "profile_decode", "profile_prefill"]

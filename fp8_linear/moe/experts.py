@@ -141,6 +141,10 @@ class FP8Experts(nn.Module):
 
     def _init_tensors(self, scheme: QuantScheme, lay: dict, device, src: nn.Module) -> None:
         self.scheme = scheme
+        # The forward reads these strings, not ``scheme``: every layer shares one QuantScheme object, and
+        # dynamo guards that sharing with a Python identity test per layer on every compiled call.
+        self.weight_granularity = scheme.weight_granularity
+        self.activation_granularity = scheme.activation_granularity
         self.fp8_layout = lay
         self.is_transposed = False  # our FP8 weights are [E, out, in] whatever the original stored
         self.num_experts = lay["num_experts"]
@@ -231,14 +235,14 @@ class FP8Experts(nn.Module):
         if static is not None:
             rows_scale = static[sorted_ids.clamp(max=self.num_experts - 1)].unsqueeze(-1)
             q, sa = quantize_unchecked(x, fp8, rows_scale), rows_scale
-        elif self.scheme.activation_granularity == "group":  # M-major scales from act_quant on sm90
+        elif self.activation_granularity == "group":  # M-major scales from act_quant on sm90
             q, sa = quantize_groups(x, fp8)
         else:
-            q, sa = quantize_dynamic(x, fp8, self.scheme.activation_granularity)  # an op under torch.compile
+            q, sa = quantize_dynamic(x, fp8, self.activation_granularity)  # an op under torch.compile
         bias = getattr(self, _BIAS[name], None)
         s = getattr(self, f"{name}_scale")
         parts = s.shape[1] if s.dim() != 3 else 1
-        gran = self.scheme.weight_granularity
+        gran = self.weight_granularity
         lay = self.fp8_layout
         if gran == "channel":
             return grouped_fp8_gemm_unchecked(q, w, sa, s, offsets, bias, x.dtype)

@@ -93,3 +93,21 @@ def test_transformers_compiled_generate_decodes_with_no_graph_break_or_recompile
     assert out.shape == (1, ids.shape[1] + 6)
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 1, "one compiled decode graph for every step"
+
+
+def test_compiled_step_has_no_python_guard_on_the_experts():
+    """dynamo checks in Python (an epilogue lambda guard) that objects reached from two layers are the same
+    object; a guard per layer on every compiled call. The experts forward reads its granularities as strings
+    (C++ equality guards), not the QuantScheme all layers share, so no such guard names an experts module."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    model = _fp8_model("fp8-dynamic")
+    torch._dynamo.reset()
+    step = torch.compile(model.forward, backend=lambda gm, _inputs: gm, fullgraph=True)
+    with torch.inference_mode():
+        step(**_decode_step_args(model))
+    entries = _debug_get_cache_entry_list(model.forward.__func__.__code__)
+    assert len(entries) == 1
+    parts = [p for g in entries[0].guard_manager.root.get_epilogue_lambda_guards() for p in g.verbose_code_parts()]
+    assert parts, "the step has aliasing guards (transformers' own), so the introspection works"
+    assert [p for p in parts if "['experts']" in p] == []
