@@ -54,6 +54,9 @@ def count_guards(root) -> tuple[int, int]:
             if "LAMBDA" in type(g).__name__:  # one Python function may check several conditions
                 lambdas += max(1, len(g.verbose_code_parts()))
         todo.extend(m.get_child_managers())
+        if hasattr(m, "get_key_value_managers"):  # a dict's managers hang off its key / value pairs
+            for pair in m.get_key_value_managers().values():
+                todo.extend(k for k in (pair if isinstance(pair, tuple) else (pair,)) if k is not None)
     for g in root.get_epilogue_lambda_guards() if hasattr(root, "get_epilogue_lambda_guards") else []:
         leaves += 1
         lambdas += max(1, len(g.verbose_code_parts()))
