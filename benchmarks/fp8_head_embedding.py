@@ -106,7 +106,9 @@ def accuracy(scheme: str, dtype: torch.dtype, windows: int, split: bool = False)
     ref = ref.to(dtype).eval()
     models, times = {"unquantized": ref}, {}
     runs = [(scheme, ref, {}), (f"{scheme} +head +emb", ref, dict(quantize_lm_head=True, quantize_embeddings=True))]
-    if split:
+    if split == "tied":
+        runs = runs[1:]
+    elif split:
         runs = [(f"{scheme} +head (untied)", untied(ref), dict(quantize_lm_head=True)),
                 (f"{scheme} +emb (untied)", untied(ref), dict(quantize_embeddings=True))]
     for label, base, kw in runs:
@@ -133,13 +135,14 @@ def main(argv=None) -> int:
     ap.add_argument("--memory-only", action="store_true")
     ap.add_argument("--split", action="store_true",
                     help="instead: the FP8 head alone and the FP8 embedding alone, each on an untied copy of SmolLM2")
+    ap.add_argument("--tied-only", action="store_true", help="instead: only the FP8 head + embedding (one table)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     stamp = datetime.datetime.now(datetime.timezone.utc)
     doc = {"date": stamp.isoformat(timespec="seconds"), "args": vars(args), "torch": torch.__version__,
            "memory": memory_table(args.scheme)}
     if not args.memory_only:
-        doc["smollm2"] = accuracy(args.scheme, getattr(torch, args.dtype), args.windows, args.split)
+        doc["smollm2"] = accuracy(args.scheme, getattr(torch, args.dtype), args.windows, "tied" if args.tied_only else args.split)
     out = pathlib.Path(args.out or f"benchmarks/results/fp8_head_embedding_{stamp:%Y%m%d}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1))

@@ -6,9 +6,10 @@
 - The input embedding becomes an :class:`~fp8_linear.embedding.FP8Embedding`: e4m3 rows with min-max
   per-row scales, rounded to nearest (a lookup has no input to calibrate or to compensate against).
 - Tied models (``lm_head.weight`` is the embedding's, e.g. SmolLM2): both options together, or
-  neither. The one table is quantized once, as the embedding is, and the FP8 ``lm_head`` holds the
-  same ``weight`` and ``weight_scale`` parameters (:func:`~fp8_linear.embedding.tie_to_head`): a
-  per-output-channel weight scale ``[vocab, 1]`` is exactly the per-row embedding scale. The head's
+  neither. The one table is quantized once, as the head (GPTQ with the head's inputs when ``gptq`` is
+  on: on SmolLM2 the head is the more sensitive end, docs/serving.md), and the FP8 embedding holds the
+  FP8 ``lm_head``'s ``weight`` and ``weight_scale`` parameters (:func:`~fp8_linear.embedding.tie_to_head`):
+  a per-output-channel weight scale ``[vocab, 1]`` is exactly the per-row embedding scale. The head's
   scheme is the preset's with per-channel weights (``fp8-channel`` / ``fp8-dynamic`` as they are;
   ``fp8-tensor``'s becomes ``fp8-channel``: the same static activations); ``fp8-block`` and e5m2
   cannot share a per-row e4m3 table and are refused. Its static input scale is calibrated with the
@@ -25,7 +26,6 @@ from torch import nn
 
 from fp8_linear.embedding import EMBEDDING_FP8, FP8Embedding, tie_to_head
 from fp8_linear.formats import resolve_format
-from fp8_linear.module import FP8Linear
 from fp8_linear.scheme import PRESETS, QuantScheme
 
 
@@ -107,8 +107,7 @@ def plan_head_embeddings(model: nn.Module, scheme: QuantScheme, ignore: Iterable
                              _name_of(model, emb) if quantize_embeddings else None, tied)
     if tied:
         plan.head_scheme = tied_head_scheme(scheme)
-        if plan.head_scheme.static:
-            plan.observe[head_name] = head
+        plan.observe[head_name] = head  # its input scale and GPTQ's H (calibration runs only when they are needed)
     return plan
 
 
@@ -118,25 +117,27 @@ def check_selected(plan: HeadEmbeddingPlan, targets: dict[str, nn.Module]) -> No
         raise ValueError(f"quantize_lm_head: {plan.head!r} is still matched by an ignore pattern {list(plan.ignore)}")
 
 
-def finish_head_embeddings(model: nn.Module, plan: HeadEmbeddingPlan, observers=None) -> nn.Module:
-    """Swap in the FP8 input embedding (and, for a tied model, the FP8 ``lm_head`` sharing its table),
-    in place; returns ``model``. ``observers``: from calibration (a tied head of a static scheme needs
-    its own). The embedding's output dtype is the dtype its table had."""
+def finish_head_embeddings(model: nn.Module, plan: HeadEmbeddingPlan, observers=None, gptq: bool = False,
+                           act_order: bool | None = None) -> nn.Module:
+    """Swap in the FP8 input embedding, in place; returns ``model``. The embedding's output dtype is the
+    dtype its table had. For a tied model the ``lm_head`` is quantized first, as the other layers were
+    (``apply_quantization`` with the head's scheme, ``observers`` from calibration, ``gptq`` /
+    ``act_order``), and the embedding then holds its FP8 table and per-row scales."""
     if plan.embedding is None:
         return model
-    from .quantize import _set_module
+    from .quantize import _set_module, apply_quantization
 
     old = model.get_submodule(plan.embedding)
     with torch.no_grad():
-        emb = FP8Embedding.from_embedding(old)
         if plan.tied:
-            lin = model.get_submodule(plan.head)
-            amax = None
-            if plan.head_scheme.static:
-                amax = observers[plan.head].amax(plan.head_scheme.activation_observer, plan.head_scheme.fmt)
-            head = FP8Linear.from_linear(lin, plan.head_scheme, input_amax=amax, weight_scale=emb.weight_scale)
-            tie_to_head(emb, head)
-            _set_module(model, plan.head, head)
+            apply_quantization(model, {plan.head: model.get_submodule(plan.head)}, plan.head_scheme, observers,
+                               gptq=gptq, act_order=act_order)
+            emb = FP8Embedding(old.num_embeddings, old.embedding_dim, old.padding_idx, old.weight.dtype, device="meta")
+            emb.dtype_anchor = nn.Parameter(torch.empty(0, dtype=old.weight.dtype, device=old.weight.device),
+                                            requires_grad=False)
+            tie_to_head(emb, model.get_submodule(plan.head))
+        else:
+            emb = FP8Embedding.from_embedding(old)
     _set_module(model, plan.embedding, emb)
     return model
 

@@ -438,7 +438,7 @@ def quantize_model(
     with torch.no_grad():
         apply_quantization(model, targets, scheme, observers, gptq=gptq,
                            progress=f"GPTQ {scheme.name}" if progress and gptq else None, act_order=act_order)
-    return finish_head_embeddings(model, extra, observers)
+    return finish_head_embeddings(model, extra, observers, gptq=gptq, act_order=act_order)
 
 
 def _quantize_to_budget(model, targets, calib_data, tokenizer, scheme, gptq, max_kl, *, progress, seq_len, max_samples,

@@ -215,3 +215,23 @@ def test_transformers_reads_fp8_head_not_fp8_embedding(tmp_path):
     table = theirs.model.embed_tokens.weight.detach()
     assert torch.equal(table, both.model.embed_tokens.weight.float())  # FP8 values, no scale applied
     assert not torch.equal(table, both.model.embed_tokens.dequantized_weight())
+
+
+def test_tied_table_goes_through_gptq_as_the_head(tmp_path):
+    """With GPTQ on, the tied table is rounded as the head's weight (GPTQ with the head's inputs) and the
+    embedding reads that table; the pair still round-trips as one tensor."""
+    from fp8_linear.embedding import FP8Embedding as Emb
+
+    model = tiny_llama()
+    rtn = Emb.from_embedding(nn.Embedding.from_pretrained(model.model.embed_tokens.weight.detach().clone()))
+    calib = list(random_ids((8, 64), model.config.vocab_size, 3))  # 512 tokens: enough for H of a 256-wide input
+    quantize_model(model, calib, fast_scheme("fp8-dynamic"), progress=False, gptq=True,
+                   quantize_lm_head=True, quantize_embeddings=True)
+    emb, head = model.model.embed_tokens, model.lm_head
+    assert shares_weights(emb, head)
+    assert not torch.equal(rtn.weight.view(torch.uint8), emb.weight.view(torch.uint8))  # not the nearest rounding
+    assert bool((emb.weight_scale > 0).all()) and emb.weight_scale.shape == (model.config.vocab_size, 1)
+    batch = _batch(model.config.vocab_size)
+    loaded = load_quantized(save_quantized(model, tmp_path / "ck"), dtype=torch.float32)
+    assert shares_weights(loaded.model.embed_tokens, loaded.lm_head)
+    assert torch.equal(outputs_of(loaded, batch), outputs_of(model, batch))
