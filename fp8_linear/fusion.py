@@ -37,10 +37,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from . import settings
 from .errors import FP8LinearError
-from .formats import GROUP_SIZE, SCALE_DTYPE
-from .module import FP8Linear, _plan_fits, check_input
+from .formats import GROUP_SIZE
+from .module import FP8Linear
 
 logger = logging.getLogger("fp8_linear")
 
@@ -62,14 +61,6 @@ _GROUPS_ATTR = "_fusion_groups"
 _OPEN = "open"
 #: Rows of a 128x128 weight block (block scales concatenate only at multiples of it).
 BLOCK_ROWS = GROUP_SIZE
-#: Parameter of a group's fused layer (static activations): its per-channel weight scales ``[N]`` and,
-#: from the next 16-byte boundary, its input scale, in one fp32 buffer; ``weight_scale`` and
-#: ``input_scale`` are views of it. A compiled forward takes this one tensor instead of two.
-PACKED_SCALES = "packed_scales"
-#: fp32 elements in 16 bytes: the packed input scale starts at a multiple of it (aligned as a
-#: tensor of its own would be).
-SCALE_ALIGN = 4
-_compiling = torch.compiler.is_compiling
 
 
 class FusionError(FP8LinearError, ValueError):
@@ -297,7 +288,6 @@ class SiblingGroup:
             self.exact_reason = None
         else:
             self.exact_reason = f"after load_state_dict the members are no longer exact to fuse: {why}"
-        _pack_scales(self.fused)
         self._update()
         self.fused._try_prepare()
 
@@ -378,7 +368,6 @@ class FusedFP8Linear(FP8Linear):
         if group is None:
             return super()._apply(fn, recurse)
         group.fused._apply(fn)
-        _pack_scales(group.fused)  # the move or cast gave the scales their own storage (and cast the buffer)
         out = super()._apply(fn, recurse)
         group.link(self._fusion_index)
         return out
@@ -393,68 +382,6 @@ class FusedFP8Linear(FP8Linear):
         return f"{base}, {state} with {'/'.join(group.names)} (rows {start}:{stop} of {group.bounds[-1][1]})"
 
 
-# ----------------------------------------------------------------------------------------- the fused layer
-def _scale_offset(n: int) -> int:
-    """Where the input scale starts in a packed buffer of ``n`` weight scales (fp32 elements)."""
-    return -(-n // SCALE_ALIGN) * SCALE_ALIGN
-
-
-def _pack_scales(layer: FP8Linear) -> None:
-    """Give ``layer`` (a group's fused layer) one fp32 buffer :data:`PACKED_SCALES` ``[round_up(N, 4) + 1]``
-    holding its per-channel weight scales and its static input scale, and make ``weight_scale`` ``[N, 1]``
-    and ``input_scale`` ``[1]`` views of it (same values). Layers with dynamic activations or block
-    scales keep their tensors as they are (one scale tensor already, or a layout of its own)."""
-    p = layer._parameters
-    p.pop(PACKED_SCALES, None)
-    ws, s = p["weight_scale"], p.get("input_scale")
-    n = layer.out_features
-    if s is None or ws.device.type == "meta" or tuple(ws.shape) != (n, 1):
-        return
-    off = _scale_offset(n)
-    with torch.no_grad():
-        packed = torch.ones(off + 1, dtype=SCALE_DTYPE, device=ws.device)
-        packed[:n].copy_(ws.detach().reshape(-1))
-        packed[off:].copy_(s.detach().reshape(-1))
-    p["weight_scale"] = nn.Parameter(packed[:n].view(n, 1), requires_grad=False)
-    p["input_scale"] = nn.Parameter(packed[off:], requires_grad=False)
-    p[PACKED_SCALES] = nn.Parameter(packed, requires_grad=False)
-
-
-class _PackedOperands:
-    """What a backend's ``apply`` reads of a layer (``_parameters``, ``_plan``, the feature counts), with
-    the scales as views of the layer's packed buffer. Made inside a compiled forward, so that the graph
-    takes the packed buffer as its one scale input (the views are graph operations)."""
-
-    def __init__(self, layer: FP8Linear, packed: torch.Tensor, plan):
-        n = plan.spec.n
-        off = _scale_offset(n)
-        p = layer._parameters
-        self._plan = plan
-        self.in_features, self.out_features = layer.in_features, layer.out_features
-        self._parameters = {"weight": p["weight"], "weight_scale": packed[:n].view(n, 1),
-                            "input_scale": packed[off:off + 1], "bias": p.get("bias")}
-
-
-class GroupFP8Linear(FP8Linear):
-    """The one ``FP8Linear`` ``[sum N, K]`` of a fused group (held by its :class:`SiblingGroup`, in no
-    module tree or state dict). With static activations its scales are views of one packed buffer
-    (:func:`_pack_scales`); a compiled call reads that buffer alone. Eager calls are ``FP8Linear``'s."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _compiling():
-            packed, plan = self._parameters.get(PACKED_SCALES), self._plan
-            if (packed is not None and plan is not None and plan.generation == settings.GENERATION
-                    and not (x.requires_grad and torch.is_grad_enabled())):
-                w = check_input(self, x)
-                if _plan_fits(plan, w):
-                    return plan.backend.apply(_PackedOperands(self, packed, plan), x)
-        return FP8Linear.forward(self, x)
-
-    def __setstate__(self, state):
-        super().__setstate__(state)
-        _pack_scales(self)  # a deep copy or unpickling gave each parameter its own storage
-
-
 # ----------------------------------------------------------------------------------------- building
 def _fused_layer(members: list[FP8Linear]) -> FP8Linear:
     """One ``FP8Linear`` ``[sum N, K]`` equal, row block by row block, to ``members`` (checked exact)."""
@@ -465,8 +392,8 @@ def _fused_layer(members: list[FP8Linear]) -> FP8Linear:
     bias_dtype = next((b.dtype for b in biases if b is not None), torch.float32)
     n = sum(m.out_features for m in members)
     scheme = first.scheme.with_(weight_granularity=kind, name=f"{first.scheme.name} (fused)")
-    fused = GroupFP8Linear(first.in_features, n, any(b is not None for b in biases), scheme, device="meta",
-                           bias_dtype=bias_dtype)
+    fused = FP8Linear(first.in_features, n, any(b is not None for b in biases), scheme, device="meta",
+                      bias_dtype=bias_dtype)
     fp = fused._parameters
     with torch.no_grad():
         fp["weight"] = nn.Parameter(torch.cat([m._parameters["weight"].detach() for m in members]), requires_grad=False)
@@ -482,7 +409,6 @@ def _fused_layer(members: list[FP8Linear]) -> FP8Linear:
             fp["bias"] = nn.Parameter(torch.cat([
                 (b.detach() if b is not None else torch.zeros(m.out_features, dtype=bias_dtype, device=fp["weight"].device))
                 for m, b in zip(members, biases)]), requires_grad=False)
-    _pack_scales(fused)
     pinned = first.__dict__.get("pinned_backend")
     if pinned:
         fused.__dict__["pinned_backend"] = pinned
@@ -668,6 +594,6 @@ def launched_layers(modules) -> list[FP8Linear | nn.Module]:
     return out
 
 
-__all__ = ["DEFAULT_PATTERNS", "FusedFP8Linear", "GroupFP8Linear", "FusedGroupInfo", "FusionError", "FusionReport", "SiblingGroup",
+__all__ = ["DEFAULT_PATTERNS", "FusedFP8Linear", "FusedGroupInfo", "FusionError", "FusionReport", "SiblingGroup",
            "SkippedGroup", "fuse_projections", "fusion_groups", "fusion_refusal", "launched_layers",
            "unfuse_projections"]
