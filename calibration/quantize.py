@@ -347,6 +347,7 @@ def quantize_model(
     max_kl: float | None = None,
     quantize_lm_head: bool = False,
     quantize_embeddings: bool = False,
+    budget_probe: bool | str = True,
 ) -> nn.Module:
     """Quantize a transformers model to FP8 in place and return it.
 
@@ -387,6 +388,11 @@ def quantize_model(
             calibration batches; :mod:`~fp8_linear.calibration.mixed_precision`). The
             report (kept layers, KL, weight memory) is ``model.fp8_mixed_precision`` and is printed
             when ``progress``. ``None`` (default): every selected layer in FP8.
+        budget_probe: with ``max_kl`` and a ``tokenizer``, each step of the search must also meet the
+            budget on text the calibration never saw (16 windows of the embedded corpus' choose split, or
+            of the string given here), with a one-sided 95% prediction bound for another text's KL
+            (``mixed_precision.keep_to_budget``'s probe; docs/calibration.md). ``True`` (default): on
+            where a tokenizer is given; ``False``: the held-out slice alone (as without a tokenizer).
         quantize_lm_head: also quantize the output head (``lm_head``), through the same path as the
             other Linear layers (off by default, as llm-compressor's recipes leave it). Saved as a
             compressed-tensors layer that is simply not ignored.
@@ -418,7 +424,8 @@ def quantize_model(
             raise ValueError("max_kl: not supported with layerwise=True (the budget search runs whole-model forwards)")
         return _quantize_to_budget(model, targets, calib_data, tokenizer, scheme, gptq, max_kl, progress=progress,
                                    seq_len=seq_len, max_samples=max_samples, batch_size=batch_size,
-                                   calib_dtype=calib_dtype, hessian_tokens=hessian_tokens, act_order=act_order)
+                                   calib_dtype=calib_dtype, hessian_tokens=hessian_tokens, act_order=act_order,
+                                   budget_probe=budget_probe)
     if (device is not None or offload_activations) and not layerwise:
         raise ValueError("device/offload_activations: only used with layerwise=True (otherwise calibration runs where the model is)")
     observers = batches = None
@@ -442,7 +449,7 @@ def quantize_model(
 
 
 def _quantize_to_budget(model, targets, calib_data, tokenizer, scheme, gptq, max_kl, *, progress, seq_len, max_samples,
-                        batch_size, calib_dtype, hessian_tokens, act_order=None):
+                        batch_size, calib_dtype, hessian_tokens, act_order=None, budget_probe=True):
     """quantize_model's ``max_kl`` path (:mod:`~fp8_linear.calibration.mixed_precision`)."""
     from tqdm.auto import tqdm
 
@@ -450,6 +457,8 @@ def _quantize_to_budget(model, targets, calib_data, tokenizer, scheme, gptq, max
 
     if not (isinstance(max_kl, (int, float)) and not isinstance(max_kl, bool) and max_kl >= 0 and max_kl < float("inf")):
         raise ValueError(f"max_kl: expected a finite KL budget >= 0 (nats/token), got {max_kl!r}")
+    if not (isinstance(budget_probe, bool) or (isinstance(budget_probe, str) and budget_probe.strip())):
+        raise TypeError(f"budget_probe: expected True, False or a non-empty text, got {budget_probe!r}")
     from .evaluate import is_causal_lm
 
     if not is_causal_lm(model):
@@ -458,13 +467,19 @@ def _quantize_to_budget(model, targets, calib_data, tokenizer, scheme, gptq, max
     cal, hold = mp.split_holdout(batches)
     rank = mp.split_ranking(cal, hold)  # layers are ranked on calibration text, chosen on the held-out slice
     refs, rank_refs = mp.reference_logprobs(model, hold), mp.reference_logprobs(model, rank)
+    probe = probe_refs = None
+    if budget_probe is not False and tokenizer is not None:  # unseen text, measured before quantizing
+        probe = mp.probe_batches(tokenizer, min(seq_len, mp.DEFAULT_EVAL_SEQ_LEN),
+                                 text=None if budget_probe is True else budget_probe)
+        probe_refs = mp.reference_logprobs(model, probe)
     observers = calibrate(model, targets, cal, progress=progress, histogram=needs_histogram([scheme]), hessian=gptq,
                           dtype=calib_dtype, hessian_tokens=hessian_tokens) if (scheme.static or gptq) else None
     originals = dict(targets)
     with torch.no_grad():
         apply_quantization(model, targets, scheme, observers, gptq=gptq, act_order=act_order)
     quantized = {n: model.get_submodule(n) for n in originals}
-    report = mp.keep_to_budget(model, quantized, originals, hold, refs, float(max_kl), _set_module, rank, rank_refs)
+    report = mp.keep_to_budget(model, quantized, originals, hold, refs, float(max_kl), _set_module, rank, rank_refs,
+                               probe=probe, probe_refs=probe_refs)
     model.fp8_mixed_precision = report
     if progress:
         tqdm.write(report.summary())

@@ -124,6 +124,19 @@ def test_bad_budget_raises(bad):
         quantize_model(_llama(), _rows(), "fp8-tensor", max_kl=bad, progress=False)
 
 
+@pytest.mark.parametrize("bad", [None, 1, "", "   "])
+def test_bad_budget_probe_raises(bad):
+    with pytest.raises(TypeError, match="budget_probe"):
+        quantize_model(_llama(), _rows(), "fp8-tensor", max_kl=0.01, budget_probe=bad, progress=False)
+
+
+def test_budget_probe_needs_a_tokenizer():
+    """Token-id calibration data has no tokenizer to cut unseen text with: the slice alone decides,
+    and the report says so (probe_windows 0)."""
+    q = quantize_model(_llama(), _rows(), "fp8-tensor", max_kl=10.0, progress=False)
+    assert q.fp8_mixed_precision.probe_windows == 0
+
+
 def test_budget_needs_two_batches():
     from fp8_linear import CalibrationError
 
