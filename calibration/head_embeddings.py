@@ -85,9 +85,9 @@ def plan_head_embeddings(model: nn.Module, scheme: QuantScheme, ignore: Iterable
     for nm, v in (("quantize_lm_head", quantize_lm_head), ("quantize_embeddings", quantize_embeddings)):
         if not isinstance(v, bool):
             raise TypeError(f"{nm}: expected True or False, got {v!r}")
-    if isinstance(ignore, str):
-        ignore = (ignore,)
-    ignore = tuple(ignore or ())
+    from .quantize import ignore_patterns  # here: quantize imports this module
+
+    ignore = ignore_patterns(ignore)
     if not (quantize_lm_head or quantize_embeddings):
         return HeadEmbeddingPlan(ignore)
     get_out, get_in = getattr(model, "get_output_embeddings", None), getattr(model, "get_input_embeddings", None)

@@ -56,6 +56,20 @@ def _tied_weight_ids(model: nn.Module) -> set[int]:
     return {pid for pid, n in owners.items() if n > 1}
 
 
+def ignore_patterns(ignore) -> tuple[str, ...]:
+    """``ignore`` (one pattern, an iterable of them, or None) as a tuple of strings: exact module names,
+    ``re:<regex>`` or class names. Raises ``TypeError`` naming ``ignore`` for anything else."""
+    if isinstance(ignore, str):
+        ignore = (ignore,)
+    try:
+        patterns = tuple(ignore or ())
+    except TypeError:
+        patterns = (ignore,)
+    if not all(isinstance(p, str) for p in patterns):
+        raise TypeError(f"ignore: expected module names or 're:' patterns (strings), got {ignore!r}")
+    return patterns
+
+
 def select_linears(model: nn.Module, ignore: Iterable[str] = DEFAULT_IGNORE) -> dict[str, nn.Linear]:
     """The ``nn.Linear`` modules of ``model`` to quantize, by qualified name, in module order.
 
@@ -66,15 +80,7 @@ def select_linears(model: nn.Module, ignore: Iterable[str] = DEFAULT_IGNORE) -> 
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    if isinstance(ignore, str):
-        ignore = (ignore,)
-    try:
-        patterns = tuple(ignore or ())
-    except TypeError:
-        patterns = (ignore,)
-    if not all(isinstance(p, str) for p in patterns):
-        raise TypeError(f"ignore: expected module names or 're:' patterns (strings), got {ignore!r}")
-    ignore = patterns
+    ignore = ignore_patterns(ignore)
     used = {p: False for p in ignore}
     tied = _tied_weight_ids(model)
     chosen: dict[str, nn.Linear] = {}
