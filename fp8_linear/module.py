@@ -35,26 +35,6 @@ def _plan_fits(plan, w: torch.Tensor) -> bool:
     return spec.device == w.device and spec.weight_dtype == w.dtype and (spec.n, spec.k) == tuple(w.shape)
 
 
-def check_input(layer: "FP8Linear", x) -> torch.Tensor:
-    """Validate ``layer``'s input ``x`` (a tensor ``[..., in_features]`` of bf16/fp16/fp32 on the weight's
-    device; a typed error otherwise) and return the weight parameter. Traced, it adds no guard beyond the
-    ones on ``x``, the weight and ``in_features``."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in ACT_DTYPES:
-        raise TypeError(f"x: expected dtype bfloat16/float16/float32, got {x.dtype}")
-    try:
-        k = x.shape[-1]
-    except IndexError:  # a 0-d tensor
-        k = None
-    if k != layer.in_features:
-        raise ShapeError(f"x: expected last dimension {layer.in_features}, got shape {list(x.shape)}")
-    w = layer._parameters["weight"]
-    if x.device != w.device:
-        raise ValueError(f"x: expected device {w.device} (that of weight), got {x.device}")
-    return w
-
-
 class FP8Linear(nn.Module):
     """``y = x @ W^T + b`` with ``W`` stored in FP8; the numerics of :func:`fp8_linear.fp8_gemm`.
 
@@ -154,7 +134,19 @@ class FP8Linear(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = check_input(self, x)
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in ACT_DTYPES:
+            raise TypeError(f"x: expected dtype bfloat16/float16/float32, got {x.dtype}")
+        try:
+            k = x.shape[-1]
+        except IndexError:  # a 0-d tensor
+            k = None
+        if k != self.in_features:
+            raise ShapeError(f"x: expected last dimension {self.in_features}, got shape {list(x.shape)}")
+        w = self._parameters["weight"]
+        if x.device != w.device:
+            raise ValueError(f"x: expected device {w.device} (that of weight), got {x.device}")
         plan = self._plan
         if _compiling():
             # Traced: no object-identity test. dynamo turns ``plan.weight is w`` into a Python guard that runs on
