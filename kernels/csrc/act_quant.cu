@@ -5,7 +5,10 @@
 // Static / per-token (quant_rows_kernel): every thread loads all of its elements of a span (NV slots of
 // 8, template NV) before it converts or stores any, so a span costs one memory round trip (docs/kernel-log.md,
 // act_quant v2). Static rows are spread over ceil(K / span) CTAs (no cross-CTA dependency: small M
-// gets many CTAs of one load a thread); a per-token row stays in one CTA with the row held in registers
+// gets many CTAs of one load a thread). Per-token rows of K > 2048 at M <= 512 are split over a
+// thread-block cluster of 2, 4 or 8 CTAs (quant_token_cluster_kernel, act_quant v3): each CTA holds
+// its part in registers, the CTAs' amaxes meet in distributed shared memory, and each converts its part
+// (plan: include/act_quant_plan.h). Other per-token rows stay in one CTA with the row held in registers
 // (one read of x: the finite amax, the scale, then the conversion from the registers); rows longer than
 // a span (K > 32768 for 16-bit inputs) take an amax pass and a converting pass, span by span.
 // Conversion: divide (IEEE, __fdiv_rn), clamp and convert with cvt.rn.satfinite (round to nearest
@@ -20,25 +23,22 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "act_quant.h"
+#include "act_quant_plan.h"
 #include "pdl.h"
 
 namespace fp8act {
 namespace {
 
-constexpr int kVec = 8;           // elements per vector step (16 bytes of bf16/fp16)
-constexpr int kMaxThreads = 256;  // threads per row CTA
-constexpr int kWarp = 32;
 constexpr int kGroupWarps = 4;    // warps (= groups in flight) per group CTA
 constexpr int64_t kMaxGridY = 65535;
 // Row kernels (static / per-token): slots of kVec elements a thread holds in registers (template NV).
 constexpr int kMaxSlotsVec16 = 16;  // 16-bit inputs: 16 16-byte loads, 64 registers (a row of K <= 32768 in one CTA)
 constexpr int kMaxSlotsVec32 = 4;   // fp32 inputs: 4 x 32 bytes, 32 registers (K <= 8192)
 constexpr int kScalarSlots = 4;     // scalar path (K % 8 != 0 or unaligned rows): 32 elements a thread
-// Static mode: CTAs (rows x spans) up to which a row is spread over more CTAs rather than more slots.
-constexpr int64_t kStaticCtaTarget = 1024;
 constexpr int kRowCtasPerSm = 2;  // register cap of the row kernels (launch bounds): 2 CTAs of 256 threads an SM
 
 __device__ __forceinline__ float to_f32(float v) { return v; }
@@ -252,6 +252,74 @@ __global__ void __launch_bounds__(kMaxThreads, kRowCtasPerSm) quant_rows_kernel(
   }
 }
 
+// Thread-block cluster primitives (sm_90): the split arrive / wait of the cluster barrier (arrive
+// .release orders this thread's earlier shared::cluster stores before the peers' wait .acquire), the
+// CTA's rank, and a store into a peer CTA's shared memory at the address of `local` in this CTA.
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ unsigned cluster_ctas() {
+  unsigned n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return n;
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void store_peer(float* local, unsigned peer, float v) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(peer));
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+}
+
+// Per-token rows split over a cluster (act_quant_plan.h, plan_token_cluster): CTA (blockIdx.x,
+// blockIdx.y) of a (1, spans, 1) cluster holds the `span` elements of row blockIdx.x from
+// blockIdx.y * span (fewer in the last) in registers, NV slots a thread (vector path only). The row's
+// amax: each CTA's block max goes into slot [rank] of every CTA's `peer_amax` (distributed shared
+// memory), one cluster barrier, then every CTA takes the max of the cluster's slots (a max: the same
+// value in every CTA, in any order), computes the scale as quant_rows_kernel does and converts its span.
+// Cluster CTA 0 writes s[row]. The barrier's first phase (arrive at the start, wait before the remote
+// stores) makes sure every peer has started before its shared memory is written; after the second
+// no CTA touches another's shared memory, so each may exit when done.
+template <typename T, int FMT, int NV>
+__global__ void __launch_bounds__(kClusterMaxThreads, 1) quant_token_cluster_kernel(const T* __restrict__ x, uint8_t* __restrict__ q,
+                                                                                   float* __restrict__ s, int64_t K, int64_t stride,
+                                                                                   int64_t span, float m, float min_scale) {
+  __shared__ float part[kClusterMaxThreads / kWarp];
+  __shared__ float peer_amax[kMaxCluster];
+  cluster_arrive_relaxed();  // this CTA runs: peers may write its peer_amax after their wait
+  fp8pdl::pdl_launch_dependents();
+  fp8pdl::pdl_wait();  // as in quant_rows_kernel
+  const int64_t row = blockIdx.x;
+  const int64_t k0 = int64_t(blockIdx.y) * span;
+  const int len = static_cast<int>(K - k0 < span ? (K > k0 ? K - k0 : 0) : span);
+  Slots<T, true, NV> v;
+  v.load(x + row * stride, k0, len);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const float w = warp_max(v.amax());
+  if (lane == 0) part[warp] = w;
+  __syncthreads();
+  cluster_wait_acquire();  // every CTA of the cluster has started
+  if (warp == 0) {
+    const int nw = blockDim.x / kWarp;
+    const float b = warp_max(lane < nw ? part[lane] : 0.f);
+    if (lane < static_cast<int>(cluster_ctas())) store_peer(&peer_amax[cluster_rank()], lane, b);
+  }
+  cluster_arrive_release();
+  cluster_wait_acquire();  // every CTA's block max is in peer_amax
+  const int nc = static_cast<int>(cluster_ctas());
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < kMaxCluster; ++i)
+    if (i < nc) amax = fmaxf(amax, peer_amax[i]);
+  const float scale = fmaxf(__fdiv_rn(amax, m), min_scale);
+  if (blockIdx.y == 0 && threadIdx.x == 0) s[row] = scale;
+  v.template store<FMT>(q + row * K, k0, len, scale, m);
+}
+
 // Dynamic 1x128 groups: one warp per group, scales [rows, ceil(K/128)] M-major (element [row, g] at
 // g * ld + row: the layout the sm90 GEMM reads by TMA).
 template <typename T, int FMT>
@@ -287,53 +355,34 @@ __global__ void __launch_bounds__(kGroupWarps * kWarp) quant_groups_kernel(const
   }
 }
 
-int round_threads(int64_t work) {
-  int64_t t = ((work + kWarp - 1) / kWarp) * kWarp;
-  if (t < kWarp) t = kWarp;
-  if (t > kMaxThreads) t = kMaxThreads;
-  return static_cast<int>(t);
-}
-
 // Largest slot count (template NV) of a row kernel: the register budget of its slots.
 template <typename T, bool VEC>
 constexpr int max_slots() {
   return !VEC ? kScalarSlots : sizeof(T) == 4 ? kMaxSlotsVec32 : kMaxSlotsVec16;
 }
 
-// Launch shape of the row kernels: threads per CTA, slots per thread (NV), spans per row (gridDim.y)
-// and, per-token, whether the row fits in one span.
-struct RowPlan {
-  int threads;
-  int slots;
-  int64_t spans;
-  bool resident;
-};
-
-// Threads as before (kVec elements each, at most kMaxThreads). Static: the fewest slots a thread
-// (1, 2, 4, ...) whose grid of rows x spans stays within kStaticCtaTarget CTAs, or that holds the row
-// in one span (small M: a row spread over many CTAs, one load each; large M: one CTA a row, its
-// loads batched). Per-token: the fewest slots that hold the row in one span (resident), else the most.
-RowPlan plan_rows(int64_t rows, int64_t K, int mode, bool vec, int max_nv) {
-  const int64_t units = (K + kVec - 1) / kVec;
-  RowPlan p{round_threads(units), 1, 1, true};
-  const int64_t per_thread = (units + p.threads - 1) / p.threads;  // slots that hold the row in one span
-  if (!vec) {
-    p.slots = max_nv;
-  } else if (mode == kStatic) {
-    for (;; p.slots *= 2) {
-      const int64_t spans = (units + int64_t(p.threads) * p.slots - 1) / (int64_t(p.threads) * p.slots);
-      if (p.slots >= per_thread || p.slots >= max_nv || rows * spans <= kStaticCtaTarget) break;
-    }
-  } else {
-    while (p.slots < per_thread && p.slots < max_nv) p.slots *= 2;
-  }
-  const int64_t span = int64_t(p.threads) * kVec * p.slots;
-  if (mode == kStatic) {
-    p.spans = (K + span - 1) / span;
-  } else {
-    p.resident = K <= span;
-  }
-  return p;
+// A per-token cluster plan: grid (rows, cluster) in clusters of (1, cluster, 1), with the PDL attribute
+// when it is on (pdl.h).
+template <typename T, int FMT, int NV>
+const char* launch_token_cluster(const ActQuantArgs& a, const RowPlan& p, cudaStream_t stream) {
+  if (p.cluster < 2 || p.cluster > kMaxCluster || p.spans != p.cluster || p.threads > kClusterMaxThreads)
+    return "act_quant: internal error (cluster plan out of range)";
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(a.rows), static_cast<unsigned>(p.cluster));
+  cfg.blockDim = dim3(p.threads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  cfg.attrs = attrs;
+  cfg.numAttrs = fp8pdl::launch_attrs(attrs);
+  attrs[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+  attrs[cfg.numAttrs].val.clusterDim.x = 1;
+  attrs[cfg.numAttrs].val.clusterDim.y = static_cast<unsigned>(p.cluster);
+  attrs[cfg.numAttrs].val.clusterDim.z = 1;
+  ++cfg.numAttrs;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, quant_token_cluster_kernel<T, FMT, NV>, static_cast<const T*>(a.x),
+                                           static_cast<uint8_t*>(a.q), a.scale, a.K, a.row_stride, p.span, a.fmt_max,
+                                           a.min_scale);
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
 template <typename T, int FMT, bool VEC, int NV>
@@ -341,6 +390,12 @@ const char* launch_rows(const ActQuantArgs& a, const RowPlan& p, cudaStream_t st
   if constexpr (NV > max_slots<T, VEC>() || (!VEC && NV != kScalarSlots)) {
     return "act_quant: internal error (row plan with an unsupported slot count)";
   } else {
+    if (p.cluster > 1) {
+      if constexpr (VEC && NV <= kClusterMaxSlots) {
+        if (a.mode == kToken) return launch_token_cluster<T, FMT, NV>(a, p, stream);
+      }
+      return "act_quant: internal error (cluster plan outside the per-token vector path)";
+    }
     void (*kernel)(const T*, uint8_t*, float*, int64_t, int64_t, float, float) =
         a.mode == kStatic ? quant_rows_kernel<T, FMT, kStatic, VEC, NV, true> : quant_rows_kernel<T, FMT, kToken, VEC, NV, true>;
     if constexpr (NV == max_slots<T, VEC>()) {
@@ -366,6 +421,17 @@ const char* launch_rows_nv(const ActQuantArgs& a, const RowPlan& p, cudaStream_t
   }
 }
 
+// Whether per-token rows may take the cluster path: kTokenClusterEnabled unless FP8_LINEAR_ACT_CLUSTER is
+// "0" (off) or "1" (on); read once per process.
+bool token_cluster_ok() {
+  static const bool ok = [] {
+    const char* v = std::getenv("FP8_LINEAR_ACT_CLUSTER");
+    if (v != nullptr && v[0] != '\0' && v[1] == '\0' && (v[0] == '0' || v[0] == '1')) return v[0] == '1';
+    return kTokenClusterEnabled;
+  }();
+  return ok;
+}
+
 template <typename T, int FMT>
 const char* launch_typed(const ActQuantArgs& a, cudaStream_t stream) {
   if (a.mode == kGroup) {
@@ -380,7 +446,8 @@ const char* launch_typed(const ActQuantArgs& a, cudaStream_t stream) {
     const bool vec = a.K % kVec == 0 && (reinterpret_cast<uintptr_t>(a.x) % 16) == 0 &&
                      (a.row_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
                      (reinterpret_cast<uintptr_t>(a.q) % 8) == 0;
-    const RowPlan p = plan_rows(a.rows, a.K, a.mode, vec, vec ? max_slots<T, true>() : max_slots<T, false>());
+    const RowPlan p = plan_rows(a.rows, a.K, a.mode == kToken, vec, vec ? max_slots<T, true>() : max_slots<T, false>(),
+                                token_cluster_ok());
     const char* err = vec ? launch_rows_nv<T, FMT, true>(a, p, stream) : launch_rows_nv<T, FMT, false>(a, p, stream);
     if (err != nullptr) return err;
   }

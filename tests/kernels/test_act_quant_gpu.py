@@ -2,10 +2,14 @@
 1 = per-token; ``kernels/csrc/act_quant.cu`` ``quant_rows_kernel``) against the CPU path
 (``fp8_linear.quantize``: torch ops, fp32 IEEE division, RNE cast) and the Triton path, bit for bit.
 
-The shapes cover every launch plan of the row kernel: K below one warp's 8-element slots, K not a
-multiple of 8 (the scalar path) or of 16, rows spread over several CTAs (static, K > 2048), per-token
-rows held in registers (up to K = 32768) and longer rows (two passes), at M = 1, 7, 16 and 129; the
-inputs put inf / NaN / saturating values and each row's amax at span boundaries and in the last span.
+The shapes cover every launch plan of the row kernels (``kernels/include/act_quant_plan.h``): K below one
+warp's 8-element slots, K not a multiple of 8 (the scalar path) or of 16, rows spread over several CTAs
+(static, K > 2048), per-token rows split over a thread-block cluster of 2, 4 or 8 CTAs (K > 2048 at
+M <= 512; one and two slots a thread, up to 1024 threads a CTA), per-token rows in one CTA held in
+registers (M >= 1024, or K <= 2048) and longer rows (two passes), at M = 1, 7, 16, 129, 257, 513 and 2048;
+the inputs put inf / NaN / saturating values and each row's amax at span boundaries, in every CTA of a
+cluster and in the last span. Run as a script (``python tests/kernels/test_act_quant_gpu.py``), it launches
+a few cluster shapes once each, for ``compute-sanitizer --tool racecheck / synccheck``.
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ MODE_STATIC, MODE_TOKEN = 0, 1  # kernels/include/act_quant.h
 SPAN = 2048
 #: K of the two-pass per-token path for 16-bit inputs (16 slots x 2048 elements).
 RESIDENT_MAX_K = 16 * SPAN
-KS = [1, 7, 100, 200, 1000, 2056, 4095, 8192, 16400, 18944, 28672, RESIDENT_MAX_K + 8]
+#: K past the cluster path's reach (8 CTAs x 1024 threads x 2 slots x 8): one CTA a row, two passes.
+CLUSTER_MAX_K = 8 * 1024 * 2 * 8
+KS = [1, 7, 8, 24, 100, 200, 1000, 2056, 3584, 4095, 8192, 8200, 16400, 18944, 28672, RESIDENT_MAX_K + 8, 40000,
+      65544, CLUSTER_MAX_K, CLUSTER_MAX_K + 8]
 MS = [1, 7, 16, 129]
 STATIC_SCALE = 0.0123
 
@@ -131,3 +138,159 @@ def test_repeats_are_bitwise_equal():
     a = ext.act_quant(x, 0, MODE_TOKEN, None, mx, MIN_SCALE)
     b = ext.act_quant(x, 0, MODE_TOKEN, None, mx, MIN_SCALE)
     assert torch.equal(a[0].view(torch.uint8), b[0].view(torch.uint8)) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("k", [1, 8, 24, 2056, 8200, 18944, 40000])
+@pytest.mark.parametrize("m", [257, 513, 2048])
+def test_rows_bitwise_at_large_m(m, k):
+    """M where the cluster halves (257: 2 CTAs at K = 18944, two slots a thread) or is not taken (M >= 1024:
+    one CTA a row fills the GPU)."""
+    _check_rows(_hard_rows(m, k, torch.bfloat16, seed=m + k).cuda(), E4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("k", [4096, 8192, 18944, 40000, 65544, CLUSTER_MAX_K])
+def test_token_amax_in_every_cluster_cta(k, dtype):
+    """16 rows whose largest |x| sits at 16 places spread over the row (so in every CTA of the cluster that
+    splits it, at its first and last elements too), signs alternating, with inf and NaN in other CTAs:
+    the scales and bits of the CPU path."""
+    m = 16
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(m, k, generator=g)
+    for r in range(m):
+        pos = min(k - 1, (r * k) // m + (0 if r % 3 == 0 else -1 if r % 3 == 1 else 7))
+        x[r, max(pos, 0)] = (-1) ** r * (50.0 + r)
+        x[r, (pos + k // 2) % k] = float("inf") if r % 2 else float("nan")
+    x[5] = 0  # all-zero row: MIN_SCALE
+    x[6] = float("nan")  # all-NaN row: MIN_SCALE, NaN bytes
+    x[7, :] = float("-inf")
+    _check_rows(x.to(dtype).cuda(), E4)
+
+
+def test_cluster_repeats_are_bitwise_equal():
+    """The cluster's amax exchange is a max: repeated launches give the same bytes and scales."""
+    ext, mx = _ext(), fmt_max(E4)
+    for m, k in ((1, 18944), (16, 8192), (129, 18944), (257, 18944)):
+        x = _hard_rows(m, k, torch.bfloat16, seed=k).cuda()
+        runs = [ext.act_quant(x, 0, MODE_TOKEN, None, mx, MIN_SCALE) for _ in range(3)]
+        for q, s in runs[1:]:
+            assert torch.equal(q.view(torch.uint8), runs[0][0].view(torch.uint8)) and torch.equal(s, runs[0][1]), f"M={m} K={k}"
+
+
+def _pdl_chain(ext, x, layers):
+    """x through per-token FP8 layers back to back (linear_fwd: the activation quantization, then the GEMM;
+    each layer's input the previous one's output)."""
+    from fp8_linear.backends.sm90 import kernels_module
+
+    kern, mx = kernels_module(), fmt_max(E4)
+    y = x
+    for w, ws in layers:
+        cfg = kern.select_config(y.shape[0], w.shape[0], w.shape[1], swap_ok=False, block=False)
+        y = ext.linear_fwd(y, w, None, ws, None, MODE_TOKEN, cfg.id, mx, MIN_SCALE,
+                           kern.select_splits(cfg, y.shape[0], w.shape[0], w.shape[1]))
+    return y
+
+
+@pytest.mark.parametrize("m", [1, 16])
+def test_cluster_quant_in_pdl_graph_chain(m):
+    """Per-token layers of K = 8192 and 18944 (clusters of 4 and 8 CTAs, launched with the PDL attribute
+    right after our GEMM) in a CUDA graph with PDL on: every replay, new input written in between, gives
+    bitwise the eager chain with PDL off."""
+    ext = _ext()
+    torch.manual_seed(m)
+    dims = [(8192, 1024), (1024, 8192), (18944, 1024), (1024, 18944)]  # (N, K): the cluster layers are 2 and 4
+    layers = []
+    for n, k in dims:
+        w = (torch.randn(n, k, device="cuda") * 64).clamp(-fmt_max(E4), fmt_max(E4)).to(E4)
+        layers.append((w, (torch.rand(n, 1, device="cuda") + 0.5) / (64 * k**0.5)))
+    x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+    old = ext.set_pdl(True, None)
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            _pdl_chain(ext, x, layers)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = _pdl_chain(ext, x, layers)
+        gen = torch.Generator(device="cuda").manual_seed(7)
+        for rep in range(4):
+            x.copy_(torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16, generator=gen))
+            out.fill_(float("nan"))
+            graph.replay()
+            ext.set_pdl(False, None)
+            ref = _pdl_chain(ext, x, layers)
+            ext.set_pdl(True, None)
+            torch.cuda.synchronize()
+            assert torch.isfinite(ref).all() and torch.equal(out, ref), f"replay {rep}: PDL graph differs from eager"
+    finally:
+        ext.set_pdl(*old)
+
+
+#: Shapes of the sanitizer script: clusters of 2 / 4 / 8 CTAs, one and two slots, 16- and 32-bit inputs.
+SANITIZE_SHAPES = [(1, 18944, torch.bfloat16), (16, 8192, torch.bfloat16), (3, 40000, torch.float16),
+                   (129, 18944, torch.bfloat16), (257, 18944, torch.bfloat16), (2, 131072, torch.bfloat16),
+                   (7, 8200, torch.float32), (1, 3584, torch.bfloat16)]
+
+
+def sanitize_run() -> int:
+    """Each of SANITIZE_SHAPES once through the per-token kernel, checked against the CPU path; returns the
+    number of shapes that differ (the exit status of the script)."""
+    ext, mx, bad = _ext(), fmt_max(E4), 0
+    for m, k, dtype in SANITIZE_SHAPES:
+        x = _hard_rows(m, k, dtype, seed=k)
+        q, s = ext.act_quant(x.cuda(), 0, MODE_TOKEN, None, mx, MIN_SCALE)
+        rq, rs = dynamic_quantize(x, E4, "token")
+        ok = _same_fp8(q.cpu(), rq) and torch.equal(s.cpu().reshape(-1), rs.reshape(-1))
+        bad += not ok
+        print(f"M={m} K={k} {dtype}: {'ok' if ok else 'DIFFERS'}")
+    torch.cuda.synchronize()
+    return bad
+
+
+def bench(calls: int = 200) -> None:
+    """Microseconds a call of the static and the per-token row kernel at M = 1 / 16, K = 2048 / 8192 / 18944
+    (bf16 -> e4m3): CUDA graphs of `calls` launches back to back (with PDL when it is on), the input
+    L2-resident as the previous kernel's output is in FP8Linear. FP8_LINEAR_ACT_CLUSTER = 0 / 1 picks the
+    per-token path (one CTA a row / cluster) for the process."""
+    import os
+
+    ext, mx = _ext(), fmt_max(E4)
+    static = torch.tensor([STATIC_SCALE], device="cuda")
+    print(f"FP8_LINEAR_ACT_CLUSTER={os.environ.get('FP8_LINEAR_ACT_CLUSTER', '(unset)')}")
+    for m in (1, 16):
+        for k in (2048, 8192, 18944):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            us = {}
+            for mode, scale in ((MODE_STATIC, static), (MODE_TOKEN, None)):
+                def run():
+                    for _ in range(calls):
+                        ext.act_quant(x, 0, mode, scale, mx, MIN_SCALE)
+                run()
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    run()
+                graph.replay()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                best = float("inf")
+                for _ in range(5):
+                    start.record()
+                    graph.replay()
+                    end.record()
+                    end.synchronize()
+                    best = min(best, start.elapsed_time(end) * 1e3 / calls)
+                us[mode] = best
+            print(f"act_quant M={m:3d} K={k:6d}: static {us[MODE_STATIC]:.2f} us, per-token {us[MODE_TOKEN]:.2f} us, "
+                  f"difference {us[MODE_TOKEN] - us[MODE_STATIC]:.2f} us")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if "--bench" in sys.argv[1:]:
+        bench()
+        raise SystemExit(0)
+    raise SystemExit(sanitize_run())
