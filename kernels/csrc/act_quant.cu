@@ -253,8 +253,11 @@ __global__ void __launch_bounds__(kMaxThreads, kRowCtasPerSm) quant_rows_kernel(
 }
 
 // Thread-block cluster primitives (sm_90): the split arrive / wait of the cluster barrier (arrive
-// .release orders this thread's earlier shared::cluster stores before the peers' wait .acquire), the
-// CTA's rank, and a store into a peer CTA's shared memory at the address of `local` in this CTA.
+// .release orders this thread's earlier shared::cluster stores before the peers' wait .acquire; in SASS
+// a MEMBAR.ALL.GPU), the cluster's size and this CTA's rank, a peer CTA's shared-memory address of a
+// variable of this CTA (mapa), and a one-shot mbarrier that the peers' st.async stores complete (init,
+// the expected bytes, the parity-0 wait with cluster-scope acquire as in the st.async example of
+// libcudacxx's PTX docs; no fence on the sending side: the mbarrier carries the stores' completion).
 __device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
 __device__ __forceinline__ void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
@@ -268,28 +271,50 @@ __device__ __forceinline__ unsigned cluster_rank() {
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
   return r;
 }
-__device__ __forceinline__ void store_peer(float* local, unsigned peer, float v) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ unsigned peer_addr(const void* local, unsigned peer) {
   unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(peer));
-  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(local)), "r"(peer));
+  return remote;
+}
+// One thread, before the cluster barrier's arrive that the peers wait on before their first st.async.
+__device__ __forceinline__ void mbar_init_expect(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait_phase0(uint64_t* bar) {
+  asm volatile(
+      "{\n.reg .pred done;\nAQ_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], 0;\n"
+      "@!done bra AQ_WAIT_%=;\n}" ::"r"(smem_addr(bar))
+      : "memory");
 }
 
 // Per-token rows split over a cluster (act_quant_plan.h, plan_token_cluster): CTA (blockIdx.x,
 // blockIdx.y) of a (1, spans, 1) cluster holds the `span` elements of row blockIdx.x from
 // blockIdx.y * span (fewer in the last) in registers, NV slots a thread (vector path only). The row's
 // amax: each CTA's block max goes into slot [rank] of every CTA's `peer_amax` (distributed shared
-// memory), one cluster barrier, then every CTA takes the max of the cluster's slots (a max: the same
-// value in every CTA, in any order), computes the scale as quant_rows_kernel does and converts its span.
-// Cluster CTA 0 writes s[row]. The barrier's first phase (arrive at the start, wait before the remote
-// stores) makes sure every peer has started before its shared memory is written; after the second
-// no CTA touches another's shared memory, so each may exit when done.
-template <typename T, int FMT, int NV>
+// memory); every CTA then takes the max of the cluster's slots (a max: the same value in every CTA, in
+// any order), computes the scale as quant_rows_kernel does and converts its span. Cluster CTA 0 writes
+// s[row]. A cluster barrier phase (arrive at the start, wait before the remote stores) makes sure every
+// peer has started (and, ASYNC, initialised its mbarrier) before its shared memory is written. Then:
+// - ASYNC: st.async stores, each completing 4 bytes of the receiver's mbarrier, which expects 4 x spans;
+//   a CTA reads its slots once its mbarrier's phase completes;
+// - else: plain shared::cluster stores and a second cluster barrier phase (release / acquire).
+// Either way a CTA has received every peer's store before it goes on, so none exits while another still
+// writes its shared memory.
+template <typename T, int FMT, int NV, bool ASYNC>
 __global__ void __launch_bounds__(kClusterMaxThreads, 1) quant_token_cluster_kernel(const T* __restrict__ x, uint8_t* __restrict__ q,
                                                                                    float* __restrict__ s, int64_t K, int64_t stride,
                                                                                    int64_t span, float m, float min_scale) {
   __shared__ float part[kClusterMaxThreads / kWarp];
   __shared__ float peer_amax[kMaxCluster];
+  __shared__ uint64_t peer_bar;
+  const int nc = static_cast<int>(cluster_ctas());
+  if constexpr (ASYNC) {
+    if (threadIdx.x == 0) mbar_init_expect(&peer_bar, 4u * nc);
+  }
   cluster_arrive_relaxed();  // this CTA runs: peers may write its peer_amax after their wait
   fp8pdl::pdl_launch_dependents();
   fp8pdl::pdl_wait();  // as in quant_rows_kernel
@@ -306,11 +331,23 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) quant_token_cluster_ker
   if (warp == 0) {
     const int nw = blockDim.x / kWarp;
     const float b = warp_max(lane < nw ? part[lane] : 0.f);
-    if (lane < static_cast<int>(cluster_ctas())) store_peer(&peer_amax[cluster_rank()], lane, b);
+    if (lane < nc) {
+      const unsigned slot = peer_addr(&peer_amax[cluster_rank()], lane);
+      if constexpr (ASYNC) {
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(slot),
+                     "r"(__float_as_uint(b)), "r"(peer_addr(&peer_bar, lane))
+                     : "memory");
+      } else {
+        asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(slot), "f"(b) : "memory");
+      }
+    }
   }
-  cluster_arrive_release();
-  cluster_wait_acquire();  // every CTA's block max is in peer_amax
-  const int nc = static_cast<int>(cluster_ctas());
+  if constexpr (ASYNC) {
+    mbar_wait_phase0(&peer_bar);  // every CTA's block max is in peer_amax
+  } else {
+    cluster_arrive_release();
+    cluster_wait_acquire();  // every CTA's block max is in peer_amax
+  }
   float amax = 0.f;
 #pragma unroll
   for (int i = 0; i < kMaxCluster; ++i)
@@ -361,8 +398,21 @@ constexpr int max_slots() {
   return !VEC ? kScalarSlots : sizeof(T) == 4 ? kMaxSlotsVec32 : kMaxSlotsVec16;
 }
 
+// The per-token cluster path: FP8_LINEAR_ACT_CLUSTER = 0 (off: one CTA a row, act_quant v2), 1 (on, the
+// st.async / mbarrier exchange) or 2 (on, the exchange by a second cluster barrier); unset or another
+// value: on with st.async where kTokenClusterEnabled, else off. Read once per process.
+enum ClusterMode { kClusterOff = 0, kClusterAsync = 1, kClusterBarrier = 2 };
+int token_cluster_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("FP8_LINEAR_ACT_CLUSTER");
+    if (v != nullptr && v[0] >= '0' && v[0] <= '2' && v[1] == '\0') return v[0] - '0';
+    return kTokenClusterEnabled ? int(kClusterAsync) : int(kClusterOff);
+  }();
+  return mode;
+}
+
 // A per-token cluster plan: grid (rows, cluster) in clusters of (1, cluster, 1), with the PDL attribute
-// when it is on (pdl.h).
+// when it is on (pdl.h); the exchange of token_cluster_mode().
 template <typename T, int FMT, int NV>
 const char* launch_token_cluster(const ActQuantArgs& a, const RowPlan& p, cudaStream_t stream) {
   if (p.cluster < 2 || p.cluster > kMaxCluster || p.spans != p.cluster || p.threads > kClusterMaxThreads)
@@ -379,7 +429,10 @@ const char* launch_token_cluster(const ActQuantArgs& a, const RowPlan& p, cudaSt
   attrs[cfg.numAttrs].val.clusterDim.y = static_cast<unsigned>(p.cluster);
   attrs[cfg.numAttrs].val.clusterDim.z = 1;
   ++cfg.numAttrs;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, quant_token_cluster_kernel<T, FMT, NV>, static_cast<const T*>(a.x),
+  const cudaError_t e = cudaLaunchKernelEx(&cfg,
+                                           token_cluster_mode() == kClusterBarrier ? quant_token_cluster_kernel<T, FMT, NV, false>
+                                                                          : quant_token_cluster_kernel<T, FMT, NV, true>,
+                                           static_cast<const T*>(a.x),
                                            static_cast<uint8_t*>(a.q), a.scale, a.K, a.row_stride, p.span, a.fmt_max,
                                            a.min_scale);
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
@@ -421,17 +474,6 @@ const char* launch_rows_nv(const ActQuantArgs& a, const RowPlan& p, cudaStream_t
   }
 }
 
-// Whether per-token rows may take the cluster path: kTokenClusterEnabled unless FP8_LINEAR_ACT_CLUSTER is
-// "0" (off) or "1" (on); read once per process.
-bool token_cluster_ok() {
-  static const bool ok = [] {
-    const char* v = std::getenv("FP8_LINEAR_ACT_CLUSTER");
-    if (v != nullptr && v[0] != '\0' && v[1] == '\0' && (v[0] == '0' || v[0] == '1')) return v[0] == '1';
-    return kTokenClusterEnabled;
-  }();
-  return ok;
-}
-
 template <typename T, int FMT>
 const char* launch_typed(const ActQuantArgs& a, cudaStream_t stream) {
   if (a.mode == kGroup) {
@@ -447,7 +489,7 @@ const char* launch_typed(const ActQuantArgs& a, cudaStream_t stream) {
                      (a.row_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
                      (reinterpret_cast<uintptr_t>(a.q) % 8) == 0;
     const RowPlan p = plan_rows(a.rows, a.K, a.mode == kToken, vec, vec ? max_slots<T, true>() : max_slots<T, false>(),
-                                token_cluster_ok());
+                                token_cluster_mode() != kClusterOff);
     const char* err = vec ? launch_rows_nv<T, FMT, true>(a, p, stream) : launch_rows_nv<T, FMT, false>(a, p, stream);
     if (err != nullptr) return err;
   }

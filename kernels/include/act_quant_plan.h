@@ -18,7 +18,8 @@ constexpr int64_t kStaticCtaTarget = 1024;
 // each finds its span's amax, the cluster exchanges them through distributed shared memory and every
 // CTA converts its span from registers with the row's scale.
 // Default of the cluster path (false: every per-token row in one CTA, as act_quant v2); the
-// environment variable FP8_LINEAR_ACT_CLUSTER = 0 / 1 overrides it for the process (csrc/act_quant.cu).
+// environment variable FP8_LINEAR_ACT_CLUSTER = 0 / 1 / 2 overrides it for the process (csrc/act_quant.cu,
+// token_cluster_mode: off, on with the st.async exchange, on with the cluster-barrier exchange).
 constexpr bool kTokenClusterEnabled = true;
 // Largest cluster: 8 CTAs is the portable limit on sm_90 (16 needs the non-portable attribute and is
 // not guaranteed to fit one GPC while other kernels hold SMs). Cluster sizes are powers of two.

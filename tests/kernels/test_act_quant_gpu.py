@@ -229,6 +229,19 @@ def test_cluster_quant_in_pdl_graph_chain(m):
         ext.set_pdl(*old)
 
 
+@pytest.mark.parametrize("mode", ["0", "2"])
+def test_cluster_switch_by_environment(mode):
+    """FP8_LINEAR_ACT_CLUSTER = 0 (one CTA a row) and 2 (the cluster-barrier exchange) give the CPU path's
+    bits on the script's cluster shapes (a fresh process: the variable is read once)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FP8_LINEAR_ACT_CLUSTER": mode}
+    run = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 #: Shapes of the sanitizer script: clusters of 2 / 4 / 8 CTAs, one and two slots, 16- and 32-bit inputs.
 SANITIZE_SHAPES = [(1, 18944, torch.bfloat16), (16, 8192, torch.bfloat16), (3, 40000, torch.float16),
                    (129, 18944, torch.bfloat16), (257, 18944, torch.bfloat16), (2, 131072, torch.bfloat16),
