@@ -26,18 +26,20 @@ constexpr bool kTokenClusterEnabled = true;
 constexpr int kMaxCluster = 8;
 // 8-element units a cluster CTA takes before the row is split over more CTAs: 256 threads x one slot,
 // the static path's span. One CTA a row costs each of its threads a serial chain of ceil(K / 2048)
-// slots of IEEE divisions (about 45 cycles an element in SASS: the division's MUFU.RCP, five dependent
-// FFMAs and the slow-path check, recomputed per element); a cluster of c CTAs cuts the chain to one
-// slot for K <= 8 x 2048 x c / 8, at the price of one cluster barrier. Rows of K <= 2048 stay in
-// one CTA (one slot a thread already).
+// slots of IEEE divisions (~90 cycles an element, fitted to act_quant v2's times: in SASS the division's
+// MUFU.RCP, five dependent FFMAs and the slow-path check, per element); a cluster cuts the chain to
+// one slot (up to K = 65536), at the price of the amax exchange (~0.35 us predicted, about one slot's
+// chain: rows of 2 slots are the break-even). Rows of K <= 2048 stay in one CTA (one slot a thread
+// already).
 constexpr int64_t kClusterUnitsPerCta = 256;
 // Threads of a cluster CTA: the hardware limit of a CTA (one slot of 8 elements a thread up to
 // K = 8 CTAs x 1024 x 8 = 65536; two slots up to 131072; longer rows take the one-CTA two-pass path).
 constexpr int kClusterMaxThreads = 1024;
 constexpr int kClusterMaxSlots = 2;
 // rows x cluster CTAs up to which per-token rows are split: about one wave of the cluster kernel (132
-// SMs x 8 CTAs of 256 threads at <= 32 registers = 1056). Beyond it the one-CTA grid already fills the
-// GPU (M >= 1024 rows at any K); between, the cluster halves until rows x cluster fits.
+// SMs x 8 CTAs of 256 threads at <= 32 registers = 1056); the cluster halves until rows x cluster fits.
+// At M > 512 (even a 2-CTA cluster is past it) one CTA a row is kept: more than 264 CTAs, which fill
+// every SM at the one-CTA kernel's 2 an SM.
 constexpr int64_t kTokenClusterCtaMax = 1024;
 
 // Launch shape of a row kernel.

@@ -6,7 +6,7 @@ The shapes cover every launch plan of the row kernels (``kernels/include/act_qua
 warp's 8-element slots, K not a multiple of 8 (the scalar path) or of 16, rows spread over several CTAs
 (static, K > 2048), per-token rows split over a thread-block cluster of 2, 4 or 8 CTAs (K > 2048 at
 M <= 512; one and two slots a thread, up to 1024 threads a CTA), per-token rows in one CTA held in
-registers (M >= 1024, or K <= 2048) and longer rows (two passes), at M = 1, 7, 16, 129, 257, 513 and 2048;
+registers (M > 512, or K <= 2048) and longer rows (two passes), at M = 1, 7, 16, 129, 257, 513 and 2048;
 the inputs put inf / NaN / saturating values and each row's amax at span boundaries, in every CTA of a
 cluster and in the last span. Run as a script (``python tests/kernels/test_act_quant_gpu.py``), it launches
 a few cluster shapes once each, for ``compute-sanitizer --tool racecheck / synccheck``.
@@ -143,7 +143,7 @@ def test_repeats_are_bitwise_equal():
 @pytest.mark.parametrize("k", [1, 8, 24, 2056, 8200, 18944, 40000])
 @pytest.mark.parametrize("m", [257, 513, 2048])
 def test_rows_bitwise_at_large_m(m, k):
-    """M where the cluster halves (257: 2 CTAs at K = 18944, two slots a thread) or is not taken (M >= 1024:
+    """M where the cluster halves (257: 2 CTAs at K = 18944, two slots a thread) or is not taken (M > 512:
     one CTA a row fills the GPU)."""
     _check_rows(_hard_rows(m, k, torch.bfloat16, seed=m + k).cuda(), E4)
 
@@ -264,7 +264,7 @@ def sanitize_run() -> int:
 
 
 def bench(calls: int = 200) -> None:
-    """Microseconds a call of the static and the per-token row kernel at M = 1 / 16, K = 2048 / 8192 / 18944
+    """Microseconds a call of the static and the per-token row kernel at M = 1 / 16, K = 2048 ... 18944
     (bf16 -> e4m3): CUDA graphs of `calls` launches back to back (with PDL when it is on), the input
     L2-resident as the previous kernel's output is in FP8Linear. FP8_LINEAR_ACT_CLUSTER = 0 / 1 picks the
     per-token path (one CTA a row / cluster) for the process."""
@@ -274,7 +274,7 @@ def bench(calls: int = 200) -> None:
     static = torch.tensor([STATIC_SCALE], device="cuda")
     print(f"FP8_LINEAR_ACT_CLUSTER={os.environ.get('FP8_LINEAR_ACT_CLUSTER', '(unset)')}")
     for m in (1, 16):
-        for k in (2048, 8192, 18944):
+        for k in (2048, 3584, 4096, 8192, 18944):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             us = {}
             for mode, scale in ((MODE_STATIC, static), (MODE_TOKEN, None)):

@@ -166,7 +166,7 @@ def test_plans_fit_their_kernels(plans):
 
 def test_cluster_rule(plans):
     """Per-token vector rows take a cluster where one CTA a row leaves the GPU idle and the row is longer
-    than one CTA's span (K > 2048); small K and M >= 1024 stay one CTA a row."""
+    than one CTA's span (K > 2048); small K and M > 512 stay one CTA a row."""
     on = _cluster_enabled()
     expect = {  # (M, K) -> (cluster, threads, slots) of 16-bit rows
         (1, 2048): (1, 256, 1), (16, 2048): (1, 256, 1), (1, 3584): (2, 224, 1), (1, 4096): (2, 256, 1),
