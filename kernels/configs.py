@@ -60,6 +60,9 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(17, "swap64x16_2acc", 16, True, 1, True, split_k=True, block_scales=True, block_m=64),
     KernelConfig(18, "swap64x32_2acc", 32, True, 1, True, split_k=True, block_scales=True, block_m=64),
     KernelConfig(19, "swap64x64_2acc", 64, True, 1, True, split_k=True, block_scales=True, block_m=64),
+    # 64 weight rows x 128 tokens (v39): twice the CTAs of config 7 / 14 at M = 65-256 without split K's
+    # fp32 partials, each weight row read by one CTA per 128 tokens
+    KernelConfig(20, "swap64x128_2acc", 128, True, 1, True, block_m=64),
 )
 #: Config by id.
 CONFIG_BY_ID: dict[int, KernelConfig] = {c.id: c for c in CONFIGS}
@@ -169,10 +172,12 @@ SWAP64_DBL_MIN_K = 2048
 #: set's 10 models), geomean cuBLASLt / ours with the v30 rule (one twin per M bucket, M <= 64) -> this
 #: one: M = 32 0.892 -> 0.929, M = 64 0.811 -> 0.881, M = 128 0.780 -> 0.849 (e.g. 4096 x 4096 at M = 64:
 #: config 19 9.8 us, 18 8.8; 896 x 896: config 7 4.9 us, 17 3.3), M <= 16 unchanged.
-ROWS64_IDS = tuple(c.id for c in CONFIGS if c.block_m == 64)
-#: Each 64-row config's 128-row twin: the same tile width and schedule on twice the rows (config 19
+#: Each 64-row decode config's 128-row twin: the same tile width and schedule on twice the rows (config 19
 #: gives config 16's bits, tests/kernels/test_sm90_gpu.py).
 ROWS64_TWIN = {1: 17, 2: 18, SWAP64_DBL_CONFIG: 19}
+ROWS64_IDS = tuple(ROWS64_TWIN.values())
+#: The 64-row tile 128 tokens wide (M = 65-256; chosen by select_config only from v39's measurement on).
+ROWS64_WIDE_CONFIG = 20
 ROWS64_MAX_M = 128
 #: Above this M a 64-row config may replace a 128-row choice that splits K (see ROWS64_IDS).
 ROWS64_OVER_SPLIT_MIN_M = 64

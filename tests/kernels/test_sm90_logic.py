@@ -323,7 +323,7 @@ def test_rows64_twins(monkeypatch):
     into fewer work items (tiles x splits) than the 64-row grid has."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
-    assert set(configs.ROWS64_TWIN.values()) == {c.id for c in configs.CONFIGS if c.block_m == 64}
+    assert set(configs.ROWS64_TWIN.values()) | {configs.ROWS64_WIDE_CONFIG} == {c.id for c in configs.CONFIGS if c.block_m == 64}
     for base_id, twin_id in configs.ROWS64_TWIN.items():
         base, twin = configs.CONFIG_BY_ID[base_id], configs.CONFIG_BY_ID[twin_id]
         assert (twin.block_m, base.block_m) == (64, 128)
