@@ -60,6 +60,9 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(17, "swap64x16_2acc", 16, True, 1, True, split_k=True, block_scales=True, block_m=64),
     KernelConfig(18, "swap64x32_2acc", 32, True, 1, True, split_k=True, block_scales=True, block_m=64),
     KernelConfig(19, "swap64x64_2acc", 64, True, 1, True, split_k=True, block_scales=True, block_m=64),
+    # 64 weight rows x 128 tokens (v39): twice the CTAs of config 7 / 14 at M = 65-256 without split K's
+    # fp32 partials, each weight row read by one CTA per 128 tokens
+    KernelConfig(20, "swap64x128_2acc", 128, True, 1, True, block_m=64),
 )
 #: Config by id.
 CONFIG_BY_ID: dict[int, KernelConfig] = {c.id: c for c in CONFIGS}
@@ -169,10 +172,23 @@ SWAP64_DBL_MIN_K = 2048
 #: set's 10 models), geomean cuBLASLt / ours with the v30 rule (one twin per M bucket, M <= 64) -> this
 #: one: M = 32 0.892 -> 0.929, M = 64 0.811 -> 0.881, M = 128 0.780 -> 0.849 (e.g. 4096 x 4096 at M = 64:
 #: config 19 9.8 us, 18 8.8; 896 x 896: config 7 4.9 us, 17 3.3), M <= 16 unchanged.
-ROWS64_IDS = tuple(c.id for c in CONFIGS if c.block_m == 64)
-#: Each 64-row config's 128-row twin: the same tile width and schedule on twice the rows (config 19
+#: Each 64-row decode config's 128-row twin: the same tile width and schedule on twice the rows (config 19
 #: gives config 16's bits, tests/kernels/test_sm90_gpu.py).
 ROWS64_TWIN = {1: 17, 2: 18, SWAP64_DBL_CONFIG: 19}
+ROWS64_IDS = tuple(ROWS64_TWIN.values())
+#: The 64-row tile 128 tokens wide: above ROWS64_WIDE_MIN_M and up to ROWS64_WIDE_MAX_M, where the choice
+#: is an unsplit non-swapped tile config (7, 6, 10) and config 20's grid (ceil(M / 128) x ceil(N / 64)
+#: tiles, twice config 7's) fits one wave, config 20 instead: a 128 x 128 tile grid of N / 128 CTAs leaves
+#: most SMs idle there and each CTA does the wgmma work of 2 (kernel-log v39). Measured (H200,
+#: 2026-12-02, `python -m benchmarks.gemm_bench --mode decode --ms 64,128,256,512 --columns ours,cublas_t
+#: --configs 20,14,19`, h200-2026-12-02-v39-config20-decode.json): 0.74-0.82 of the tile config's time on
+#: all 21 such (layer, M) cells of the decode set (Qwen2.5-14B o at M = 128: 15.38 -> 12.44 us, cuBLASLt
+#: 10.50; Llama-3.1-8B o at 256: 14.03 -> 10.76, cuBLASLt 10.48); 1.24-1.55 where its grid takes a second
+#: wave (Llama-3.1-70B qkv at M = 128, 160 tiles: 1.34), 0.87-1.27 against a split choice (kept: the
+#: split keeps a long K on more SMs). M = 1024 was not measured, so the rule stops at 512.
+ROWS64_WIDE_CONFIG = 20
+ROWS64_WIDE_MIN_M = 64
+ROWS64_WIDE_MAX_M = 512
 ROWS64_MAX_M = 128
 #: Above this M a 64-row config may replace a 128-row choice that splits K (see ROWS64_IDS).
 ROWS64_OVER_SPLIT_MIN_M = 64
@@ -328,14 +344,25 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
             raise ValueError(f"{ENV_CONFIG}={forced!r}: {e}") from None
     base = _select_rows128(m, n, k, num_sms, swap_ok, block)
     if m > ROWS64_MAX_M or (block and not ROWS64_BLOCK):
-        return base
+        return _rows64_wide(base, m, n, k, num_sms, block)
     rows64 = _rows64(m, n, num_sms)
     if rows64 is None:
-        return base
+        return _rows64_wide(base, m, n, k, num_sms, block)
     if select_splits(base, m, n, k, num_sms) > 1 and (
             m <= ROWS64_OVER_SPLIT_MIN_M or work_items(rows64, m, n, k, num_sms) <= work_items(base, m, n, k, num_sms)):
         return base
     return rows64
+
+
+def _rows64_wide(choice: KernelConfig, m: int, n: int, k: int, num_sms: int, block: bool) -> KernelConfig:
+    """ROWS64_WIDE_CONFIG in place of ``choice`` where ROWS64_WIDE_MIN_M < ``m`` <= ROWS64_WIDE_MAX_M,
+    the launch has no block scales, ``choice`` is a non-swapped tile config that does not split K and
+    config 20's grid fits one wave of ``num_sms``; ``choice`` otherwise."""
+    wide = CONFIG_BY_ID[ROWS64_WIDE_CONFIG]
+    if (block or choice.swap_ab or not ROWS64_WIDE_MIN_M < m <= ROWS64_WIDE_MAX_M
+            or tiles(wide, m, n) > num_sms or select_splits(choice, m, n, k, num_sms) > 1):
+        return choice
+    return wide
 
 
 def work_items(cfg: KernelConfig, m: int, n: int, k: int, num_sms: int = 132) -> int:

@@ -28,6 +28,7 @@ inline bool config_info(int id, ConfigInfo& info) {
     case 17: info = {16, 64, true, true, true, "swap64x16_2acc"}; return true;
     case 18: info = {32, 64, true, true, true, "swap64x32_2acc"}; return true;
     case 19: info = {64, 64, true, true, true, "swap64x64_2acc"}; return true;
+    case 20: info = {128, 64, true, false, false, "swap64x128_2acc"}; return true;
     default: return false;
   }
 }
@@ -87,6 +88,8 @@ const char* launch_config(const LaunchArgs& la, cudaStream_t stream, bool split,
                    : launch_one<64, true, 1, FA, FB, true, false, true, 64>(la, stream);
       return split ? launch_one<64, true, 1, FA, FB, true, true, false, 64>(la, stream)
                    : launch_one<64, true, 1, FA, FB, true, false, false, 64>(la, stream);
+    case 20:  // swap64x128_2acc
+      return launch_one<128, true, 1, FA, FB, true, false, false, 64>(la, stream);
     default: return "unknown kernel config";
   }
 }

@@ -130,11 +130,13 @@ def test_select_config_small_m_small_problem(monkeypatch):
     (32, 10240, 2, 128, 32, True),                                  # 160 x 64-row tiles: too many
     (33, 4096, 18, 64, 32, True), (64, 6144, 19, 64, 64, True), (33, 6272, 19, 64, 64, True),
     (64, 10240, 16, 128, 64, True), (65, 4096, 19, 64, 64, True), (128, 4096, 19, 64, 64, True),
-    (128, 896, 17, 64, 16, True), (129, 4096, 7, 128, 128, False), (4096, 4096, 7, 128, 128, False),
+    (128, 896, 17, 64, 16, True), (129, 4096, 20, 64, 128, True), (129, 8192, 7, 128, 128, False),
+    (512, 4096, 7, 128, 128, False), (512, 2048, 20, 64, 128, True), (4096, 4096, 7, 128, 128, False),
     (8192, 4096, 7, 128, 128, False)])
 def test_select_config(m, n, cid, bm, bn, swap, monkeypatch):
     """The tile for M and N, split K off: up to ROWS64_MAX_M the 64-row tile with the most tiles in one
-    wave (with split K, where it has more work items than the 128-row choice: test_rows64_twins)."""
+    wave (with split K, where it has more work items than the 128-row choice: test_rows64_twins); above
+    it up to ROWS64_WIDE_MAX_M the 64-row tile 128 tokens wide where its grid fits one wave."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     monkeypatch.setenv(configs.ENV_SPLITS, "1")
     c = configs.select_config(m, n, 4096)
@@ -323,7 +325,7 @@ def test_rows64_twins(monkeypatch):
     into fewer work items (tiles x splits) than the 64-row grid has."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
-    assert set(configs.ROWS64_TWIN.values()) == {c.id for c in configs.CONFIGS if c.block_m == 64}
+    assert set(configs.ROWS64_TWIN.values()) | {configs.ROWS64_WIDE_CONFIG} == {c.id for c in configs.CONFIGS if c.block_m == 64}
     for base_id, twin_id in configs.ROWS64_TWIN.items():
         base, twin = configs.CONFIG_BY_ID[base_id], configs.CONFIG_BY_ID[twin_id]
         assert (twin.block_m, base.block_m) == (64, 128)
@@ -507,3 +509,28 @@ def test_load_builds_once_under_concurrency(monkeypatch, tmp_path, capsys):
     assert pathlib.Path(kw["build_directory"]).parent == tmp_path
     assert capsys.readouterr().err.count(jit.BUILD_MESSAGE) == 1
     monkeypatch.setattr(jit, "_ext", None)
+
+
+def test_rows64_wide_rule(monkeypatch):
+    """Config 20 (64 weight rows x 128 tokens) replaces an unsplit non-swapped tile choice above
+    ROWS64_WIDE_MIN_M up to ROWS64_WIDE_MAX_M where its grid fits one wave; never for block scales, a
+    split choice, a second wave or M beyond the measured range."""
+    monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
+    monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
+    wide = configs.ROWS64_WIDE_CONFIG
+    # Qwen2.5-14B o (5120 x 5120) at M = 128: 80 tiles of config 20 in one wave
+    assert configs.select_config(128, 5120, 5120).id == wide
+    assert configs.select_config(256, 4096, 4096).id == wide  # Llama-3.1-8B o: 128 tiles
+    assert configs.select_config(512, 896, 896).id == wide
+    assert configs.select_config(256, 4096, 4096, block=True).id != wide
+    assert configs.select_config(128, 10240, 8192).id != wide  # 160 tiles: a second wave
+    assert configs.select_config(1024, 896, 896).id != wide  # beyond ROWS64_WIDE_MAX_M
+    assert configs.select_config(64, 5120, 5120).id != wide  # the decode configs' range
+    # a split choice stays split (Qwen2.5-0.5B down at M = 256)
+    c = configs.select_config(256, 896, 4864)
+    assert c.id != wide and configs.select_splits(c, 256, 896, 4864) > 1
+    for m in (65, 100, 128, 129, 200, 256, 300, 512):
+        for n in (896, 2048, 3072, 4096, 5120, 8192, 8448, 9000):
+            c = configs.select_config(m, n, 4096)
+            if c.id == wide:
+                assert configs.tiles(c, m, n) <= 132 and configs.ROWS64_WIDE_MIN_M < m <= configs.ROWS64_WIDE_MAX_M
