@@ -22,6 +22,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <type_traits>
@@ -411,6 +412,37 @@ int token_cluster_mode() {
   return mode;
 }
 
+// Whether the current device can hold the largest cluster plan (kMaxCluster CTAs of kClusterMaxThreads
+// threads of the kernel with the most registers) at once: cudaOccupancyMaxActiveClusters >= 1. Asked once
+// a device; where it cannot (a GPU partition with small GPCs), per-token rows keep one CTA a row.
+bool cluster_fits() {
+  static std::atomic<uint64_t> asked{0}, fits{0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (!(asked.load(std::memory_order_acquire) & bit)) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1, kMaxCluster, 1);
+    cfg.blockDim = dim3(kClusterMaxThreads, 1, 1);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = kMaxCluster;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, quant_token_cluster_kernel<float, 0, kClusterMaxSlots, true>, &cfg);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    if (e == cudaSuccess && clusters > 0) fits.fetch_or(bit, std::memory_order_acq_rel);
+    asked.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  return (fits.load(std::memory_order_acquire) & bit) != 0;
+}
+
 // A per-token cluster plan: grid (rows, cluster) in clusters of (1, cluster, 1), with the PDL attribute
 // when it is on (pdl.h); the exchange of token_cluster_mode().
 template <typename T, int FMT, int NV>
@@ -488,8 +520,9 @@ const char* launch_typed(const ActQuantArgs& a, cudaStream_t stream) {
     const bool vec = a.K % kVec == 0 && (reinterpret_cast<uintptr_t>(a.x) % 16) == 0 &&
                      (a.row_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
                      (reinterpret_cast<uintptr_t>(a.q) % 8) == 0;
+    const bool cluster_ok = a.mode == kToken && vec && token_cluster_mode() != kClusterOff && cluster_fits();
     const RowPlan p = plan_rows(a.rows, a.K, a.mode == kToken, vec, vec ? max_slots<T, true>() : max_slots<T, false>(),
-                                token_cluster_mode() != kClusterOff);
+                                cluster_ok);
     const char* err = vec ? launch_rows_nv<T, FMT, true>(a, p, stream) : launch_rows_nv<T, FMT, false>(a, p, stream);
     if (err != nullptr) return err;
   }
