@@ -5,14 +5,15 @@
 // Static / per-token (quant_rows_kernel): every thread loads all of its elements of a span (NV slots of
 // 8, template NV) before it converts or stores any, so a span costs one memory round trip (docs/kernel-log.md,
 // act_quant v2). Static rows are spread over ceil(K / span) CTAs (no cross-CTA dependency: small M
-// gets many CTAs of one load a thread). Per-token rows of K > 2048 at M <= 512 are split over a
+// gets many CTAs of one load a thread). Per-token rows of K > 4096 at M <= 512 are split over a
 // thread-block cluster of 2, 4 or 8 CTAs (quant_token_cluster_kernel, act_quant v3): each CTA holds
 // its part in registers, the CTAs' amaxes meet in distributed shared memory, and each converts its part
 // (plan: include/act_quant_plan.h). Other per-token rows stay in one CTA with the row held in registers
 // (one read of x: the finite amax, the scale, then the conversion from the registers); rows longer than
 // a span (K > 32768 for 16-bit inputs) take an amax pass and a converting pass, span by span.
-// Conversion: divide (IEEE, __fdiv_rn), clamp and convert with cvt.rn.satfinite (round to nearest
-// even; NaN stays NaN, exactly what Triton's fp_downcast_rounding="rtne" emits on sm_90). Rows whose
+// Conversion: divide (the IEEE fp32 quotient, computed through one fp64 reciprocal a thread: see
+// `scaled`), clamp and convert with cvt.rn.satfinite (round to nearest even; NaN stays NaN, exactly
+// what Triton's fp_downcast_rounding="rtne" emits on sm_90). Rows whose
 // start and stride are 16-byte aligned with K % 8 == 0 go 8 elements (one 16-byte load, one 8-byte
 // store) a slot; other rows element by element (coalesced scalar loads, also all issued first).
 // Groups: one warp per 1x128 group, 4 elements per lane.
@@ -52,10 +53,24 @@ __device__ __forceinline__ float finite_abs(float v) {
   return a < __int_as_float(0x7f800000) ? a : 0.f;
 }
 
-// clamp(v / scale, -m, m) with IEEE division; NaN passes through.
-__device__ __forceinline__ float scaled(float v, float scale, float m) {
-  const float y = __fdiv_rn(v, scale);
-  return isnan(y) ? y : fminf(fmaxf(y, -m), m);
+// clamp(v / scale, -m, m), NaN through, v / scale rounded as the IEEE fp32 division (__fdiv_rn) would,
+// computed as RN32(RN64(v * RN64(1 / scale))) with the reciprocal once a thread: __fdiv_rn is, per
+// element, MUFU.RCP, five dependent FFMAs and a slow-path check in its own branch region (~90 cycles of
+// latency an element, docs/kernel-log.md act_quant v3); here two conversions and one DMUL, independent
+// across elements. Exact: for fp32 a, b the relative error of the double product is below 2^-52, and
+// a / b is never within 2^-49 (relative) of a midpoint of fp32 numbers unless it is one: a / b = m with
+// m = M 2^e (M odd, 25 bits in the normal range) needs a's odd part A = M x b's odd part >= 2^24 > A.
+// So both round to the same fp32 for |a / b| >= 2^-126; below, in the fp32 subnormals, they may differ
+// by one subnormal step at an exact tie, and both convert to +-0 in e4m3 / e5m2 (smallest subnormals
+// 2^-9 / 2^-16). Zeros, infinities and NaN (canonical) follow IEEE the same way in both.
+struct Scaler {
+  double rinv;  // RN64(1 / scale)
+  float m;      // fmt_max
+};
+__device__ __forceinline__ Scaler make_scaler(float scale, float m) { return Scaler{1.0 / static_cast<double>(scale), m}; }
+__device__ __forceinline__ float scaled(float v, const Scaler& s) {
+  const float y = __double2float_rn(__dmul_rn(static_cast<double>(v), s.rinv));
+  return isnan(y) ? y : fminf(fmaxf(y, -s.m), s.m);
 }
 
 // Two values to two FP8 bytes: `lo` in the low byte. cvt's first source goes to the high byte.
@@ -182,6 +197,7 @@ struct Slots {
   template <int FMT>
   __device__ __forceinline__ void store(uint8_t* qr, int64_t k0, int len, float scale, float m) const {
     const int t = threadIdx.x, nt = blockDim.x, r = rem(len);
+    const Scaler sc = make_scaler(scale, m);
     if constexpr (VEC) {
       uint2* p = reinterpret_cast<uint2*>(qr + k0) + t;
 #pragma unroll
@@ -191,7 +207,7 @@ struct Slots {
           unpack(j, v);
           uint16_t b[kVec / 2];
 #pragma unroll
-          for (int i = 0; i < kVec / 2; ++i) b[i] = cvt2<FMT>(scaled(v[2 * i], scale, m), scaled(v[2 * i + 1], scale, m));
+          for (int i = 0; i < kVec / 2; ++i) b[i] = cvt2<FMT>(scaled(v[2 * i], sc), scaled(v[2 * i + 1], sc));
           uint2 packed;
           packed.x = uint32_t(b[0]) | (uint32_t(b[1]) << 16);
           packed.y = uint32_t(b[2]) | (uint32_t(b[3]) << 16);
@@ -202,7 +218,7 @@ struct Slots {
       uint8_t* p = qr + k0 + t;
 #pragma unroll
       for (int i = 0; i < NV * kVec; ++i)
-        if (i * nt < r) p[i * nt] = static_cast<uint8_t>(cvt2<FMT>(scaled(raw[i], scale, m), 0.f) & 0xff);
+        if (i * nt < r) p[i * nt] = static_cast<uint8_t>(cvt2<FMT>(scaled(raw[i], sc), 0.f) & 0xff);
     }
   }
 };
@@ -385,10 +401,11 @@ __global__ void __launch_bounds__(kGroupWarps * kWarp) quant_groups_kernel(const
     }
     const float scale = fmaxf(__fdiv_rn(warp_max(amax), m), min_scale);
     if (lane == 0) s[g * ld + row] = scale;
+    const Scaler sc = make_scaler(scale, m);
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int64_t k = g * kGroupSize + i * kWarp + lane;
-      if (k < K) qr[k] = static_cast<uint8_t>(cvt2<FMT>(scaled(v[i], scale, m), 0.f) & 0xff);
+      if (k < K) qr[k] = static_cast<uint8_t>(cvt2<FMT>(scaled(v[i], sc), 0.f) & 0xff);
     }
   }
 }
@@ -410,6 +427,19 @@ int token_cluster_mode() {
     return kTokenClusterEnabled ? int(kClusterAsync) : int(kClusterOff);
   }();
   return mode;
+}
+
+// plan_token_cluster's min_units: kClusterMinUnits unless FP8_LINEAR_ACT_CLUSTER_MIN_K is a number (a K:
+// rows of K <= it stay in one CTA a row; an experiment switch for benchmarks). Read once per process.
+int64_t cluster_min_units() {
+  static const int64_t units = [] {
+    const char* v = std::getenv("FP8_LINEAR_ACT_CLUSTER_MIN_K");
+    if (v == nullptr || v[0] == '\0') return kClusterMinUnits;
+    char* end = nullptr;
+    const long long k = std::strtoll(v, &end, 10);
+    return (end != nullptr && *end == '\0' && k >= 0) ? int64_t(k / kVec) : kClusterMinUnits;
+  }();
+  return units;
 }
 
 // Whether the current device can hold the largest cluster plan (kMaxCluster CTAs of kClusterMaxThreads
@@ -522,7 +552,7 @@ const char* launch_typed(const ActQuantArgs& a, cudaStream_t stream) {
                      (reinterpret_cast<uintptr_t>(a.q) % 8) == 0;
     const bool cluster_ok = a.mode == kToken && vec && token_cluster_mode() != kClusterOff && cluster_fits();
     const RowPlan p = plan_rows(a.rows, a.K, a.mode == kToken, vec, vec ? max_slots<T, true>() : max_slots<T, false>(),
-                                cluster_ok);
+                                cluster_ok, cluster_min_units());
     const char* err = vec ? launch_rows_nv<T, FMT, true>(a, p, stream) : launch_rows_nv<T, FMT, false>(a, p, stream);
     if (err != nullptr) return err;
   }

@@ -25,13 +25,17 @@ constexpr bool kTokenClusterEnabled = true;
 // not guaranteed to fit one GPC while other kernels hold SMs). Cluster sizes are powers of two.
 constexpr int kMaxCluster = 8;
 // 8-element units a cluster CTA takes before the row is split over more CTAs: 256 threads x one slot,
-// the static path's span. One CTA a row costs each of its threads a serial chain of ceil(K / 2048)
-// slots of IEEE divisions (~90 cycles an element, fitted to act_quant v2's times: in SASS the division's
-// MUFU.RCP, five dependent FFMAs and the slow-path check, per element); a cluster cuts the chain to
-// one slot (up to K = 65536), at the price of the amax exchange (~0.35 us predicted, about one slot's
-// chain: rows of 2 slots are the break-even). Rows of K <= 2048 stay in one CTA (one slot a thread
-// already).
+// the static path's span. One CTA a row costs each of its threads a chain of ceil(K / 2048) slots of
+// conversions (each slot 8 divisions, two fp32 <-> fp64 conversions each at 16 a clock an SM: ~128
+// cycles a warp); a cluster cuts it to one slot (up to K = 65536), at the price of the amax exchange
+// (~0.35 us predicted, docs/kernel-log.md act_quant v3).
 constexpr int64_t kClusterUnitsPerCta = 256;
+// Units up to which a per-token row stays in one CTA: one CTA a row holds them in at most 2 slots a
+// thread (K <= 4096), whose chain (~2 x 128 cycles a warp, 2 warps an SM sub-partition: ~0.26 us)
+// costs less than the exchange; from 3 slots on the cluster is predicted cheaper. The environment
+// variable FP8_LINEAR_ACT_CLUSTER_MIN_K (an experiment switch, read once; csrc/act_quant.cu) overrides
+// it as a K (units = K / 8).
+constexpr int64_t kClusterMinUnits = 2 * kClusterUnitsPerCta;
 // Threads of a cluster CTA: the hardware limit of a CTA (one slot of 8 elements a thread up to
 // K = 8 CTAs x 1024 x 8 = 65536; two slots up to 131072; longer rows take the one-CTA two-pass path).
 constexpr int kClusterMaxThreads = 1024;
@@ -59,12 +63,13 @@ inline int round_threads(int64_t work, int cap) {
   return static_cast<int>(t);
 }
 
-// The cluster split of a per-token row of `units` 8-element units over `rows` rows, or cluster = 1.
-// Cluster: the smallest power of two whose CTAs take at most kClusterUnitsPerCta units each (at most
-// kMaxCluster), halved while rows x cluster > kTokenClusterCtaMax; threads and slots: the fewest slots
-// (1, 2) whose units per CTA fit kClusterMaxThreads threads.
-inline RowPlan plan_token_cluster(int64_t rows, int64_t units) {
+// The cluster split of a per-token row of `units` 8-element units over `rows` rows, or cluster = 1
+// (units <= min_units). Cluster: the smallest power of two whose CTAs take at most kClusterUnitsPerCta
+// units each (at most kMaxCluster), halved while rows x cluster > kTokenClusterCtaMax; threads and
+// slots: the fewest slots (1, 2) whose units per CTA fit kClusterMaxThreads threads.
+inline RowPlan plan_token_cluster(int64_t rows, int64_t units, int64_t min_units = kClusterMinUnits) {
   RowPlan p{0, 1, 1, true, 1, 0};
+  if (units <= min_units) return p;
   int c = 1;
   while (c < kMaxCluster && c * kClusterUnitsPerCta < units) c *= 2;
   while (c > 1 && rows * c > kTokenClusterCtaMax) c /= 2;
@@ -85,12 +90,13 @@ inline RowPlan plan_token_cluster(int64_t rows, int64_t units) {
 // loads batched). Per-token, vector path: a cluster where plan_token_cluster gives one; else the fewest
 // slots that hold the row in one span (resident), else the most (two passes). `max_nv` is the largest
 // slot count of the one-CTA kernels (the register budget of the input type; the scalar path's count).
-// `vec`: K % 8 == 0 and 16-byte aligned rows (the kernels' vector path); `cluster_ok`: the cluster path on.
+// `vec`: K % 8 == 0 and 16-byte aligned rows (the kernels' vector path); `cluster_ok`: the cluster path on;
+// `cluster_min_units`: plan_token_cluster's min_units.
 inline RowPlan plan_rows(int64_t rows, int64_t K, bool per_token, bool vec, int max_nv,
-                         bool cluster_ok = kTokenClusterEnabled) {
+                         bool cluster_ok = kTokenClusterEnabled, int64_t cluster_min_units = kClusterMinUnits) {
   const int64_t units = (K + kVec - 1) / kVec;
   if (per_token && vec && cluster_ok) {
-    const RowPlan c = plan_token_cluster(rows, units);
+    const RowPlan c = plan_token_cluster(rows, units, cluster_min_units);
     if (c.cluster > 1) return c;
   }
   RowPlan p{round_threads(units, kMaxThreads), 1, 1, true, 1, 0};

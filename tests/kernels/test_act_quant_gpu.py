@@ -4,11 +4,12 @@
 
 The shapes cover every launch plan of the row kernels (``kernels/include/act_quant_plan.h``): K below one
 warp's 8-element slots, K not a multiple of 8 (the scalar path) or of 16, rows spread over several CTAs
-(static, K > 2048), per-token rows split over a thread-block cluster of 2, 4 or 8 CTAs (K > 2048 at
+(static, K > 2048), per-token rows split over a thread-block cluster of 2, 4 or 8 CTAs (K > 4096 at
 M <= 512; one and two slots a thread, up to 1024 threads a CTA), per-token rows in one CTA held in
-registers (M > 512, or K <= 2048) and longer rows (two passes), at M = 1, 7, 16, 129, 257, 513 and 2048;
+registers (M > 512, or K <= 4096) and longer rows (two passes), at M = 1, 7, 16, 129, 257, 513 and 2048;
 the inputs put inf / NaN / saturating values and each row's amax at span boundaries, in every CTA of a
-cluster and in the last span. Run as a script (``python tests/kernels/test_act_quant_gpu.py``), it launches
+cluster and in the last span; every bf16 and fp16 value goes through the division (``scaled``: fp32
+quotients through one fp64 reciprocal) at static scales from 1e-45 to 3.4e38 and at 64 per-token scales. Run as a script (``python tests/kernels/test_act_quant_gpu.py``), it launches
 a few cluster shapes once each, for ``compute-sanitizer --tool racecheck / synccheck``.
 """
 
@@ -167,6 +168,27 @@ def test_token_amax_in_every_cluster_cta(k, dtype):
     _check_rows(x.to(dtype).cuda(), E4)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_16bit_value_through_the_division(dtype):
+    """Rows holding every bit pattern of the input type: static scales from a subnormal to near the fp32
+    maximum (1/3, 0.0123, powers of two, MIN_SCALE), and 64 per-token rows whose amax (patterns above it
+    zeroed) runs over the type's finite range (K = 65536: 8 CTAs of 1024 threads): the CPU path's bits."""
+    ext, mx = _ext(), fmt_max(E4)
+    bits = torch.arange(65536, dtype=torch.int32).to(torch.int16)
+    row = bits.view(dtype).float()
+    for scale in (1e-45, 1.5e-38, MIN_SCALE, 2.0**-20, 0.0123, 1 / 3, 1.0, 3.0, 2.0**20, 3.4e38):
+        st = torch.tensor([scale], dtype=torch.float32)
+        x = row.to(dtype).reshape(1, -1)
+        q, _ = ext.act_quant(x.cuda(), 0, MODE_STATIC, st.cuda(), mx, MIN_SCALE)
+        assert _same_fp8(q.cpu(), quantize_unchecked(x, E4, st)), f"{dtype} static scale {scale}"
+    finite = row[torch.isfinite(row)].abs()
+    tops = torch.quantile(finite.unique().double(), torch.linspace(0, 1, 64, dtype=torch.float64)).float()
+    x = torch.stack([torch.where(row.abs() <= t, row, torch.zeros_like(row)) for t in tops]).to(dtype)
+    q, s = ext.act_quant(x.cuda(), 0, MODE_TOKEN, None, mx, MIN_SCALE)
+    rq, rs = dynamic_quantize(x, E4, "token")
+    assert _same_fp8(q.cpu(), rq) and torch.equal(s.cpu().reshape(-1), rs.reshape(-1)), f"{dtype} per-token"
+
+
 def test_cluster_repeats_are_bitwise_equal():
     """The cluster's amax exchange is a max: repeated launches give the same bytes and scales."""
     ext, mx = _ext(), fmt_max(E4)
@@ -245,7 +267,7 @@ def test_cluster_switch_by_environment(mode):
 #: Shapes of the sanitizer script: clusters of 2 / 4 / 8 CTAs, one and two slots, 16- and 32-bit inputs.
 SANITIZE_SHAPES = [(1, 18944, torch.bfloat16), (16, 8192, torch.bfloat16), (3, 40000, torch.float16),
                    (129, 18944, torch.bfloat16), (257, 18944, torch.bfloat16), (2, 131072, torch.bfloat16),
-                   (7, 8200, torch.float32), (1, 3584, torch.bfloat16)]
+                   (7, 8200, torch.float32), (1, 5120, torch.bfloat16)]
 
 
 def sanitize_run() -> int:

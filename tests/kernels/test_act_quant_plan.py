@@ -29,6 +29,7 @@ MAX_GRID_Y = 65535
 #: Largest slot count of the one-CTA kernels (act_quant.cu max_slots): 16-bit vector, fp32 vector, scalar.
 MAX_NV = {"vec16": 16, "vec32": 4, "scalar": 4}
 CLUSTER_MAX_SLOTS = 2  # kClusterMaxSlots
+CLUSTER_MIN_UNITS = 512  # kClusterMinUnits: K <= 4096 stays one CTA a row
 
 PROGRAM = r"""
 #include <cstdio>
@@ -165,11 +166,12 @@ def test_plans_fit_their_kernels(plans):
 
 
 def test_cluster_rule(plans):
-    """Per-token vector rows take a cluster where one CTA a row leaves the GPU idle and the row is longer
-    than one CTA's span (K > 2048); small K and M > 512 stay one CTA a row."""
+    """Per-token vector rows take a cluster where one CTA a row leaves the GPU idle and would hold more than
+    2 slots a thread (K > 4096); small K and M > 512 stay one CTA a row."""
     on = _cluster_enabled()
     expect = {  # (M, K) -> (cluster, threads, slots) of 16-bit rows
-        (1, 2048): (1, 256, 1), (16, 2048): (1, 256, 1), (1, 3584): (2, 224, 1), (1, 4096): (2, 256, 1),
+        (1, 2048): (1, 256, 1), (16, 2048): (1, 256, 1), (1, 3584): (1, 256, 2), (1, 4096): (1, 256, 2),
+        (1, 4104): (4, 160, 1), (1, 5120): (4, 160, 1), (16, 14336): (8, 224, 1),
         (1, 8192): (4, 256, 1), (16, 8192): (4, 256, 1), (1, 18944): (8, 320, 1), (16, 18944): (8, 320, 1),
         (128, 18944): (8, 320, 1), (129, 18944): (4, 608, 1), (256, 8192): (4, 256, 1), (512, 8192): (2, 512, 1),
         (1, 65536): (8, 1024, 1), (1, 131072): (8, 1024, 2), (1024, 18944): (1, 256, 16), (2048, 8192): (1, 256, 4),
@@ -184,10 +186,12 @@ def test_cluster_rule(plans):
 
 
 def _expected_cluster(m: int, k: int) -> int:
-    """The rule in words: the fewest CTAs (a power of two, at most 8) of at most 256 x 8 elements each, halved
-    while M x cluster > 1024; none where one CTA a row is as many (cluster < 2) or a CTA's part needs more
-    than 1024 threads x 2 slots."""
+    """The rule in words: none for K <= 4096 (one CTA a row, at most 2 slots a thread); else the fewest CTAs
+    (a power of two, at most 8) of at most 256 x 8 elements each, halved while M x cluster > 1024; none where
+    that leaves one CTA a row or a CTA's part needs more than 1024 threads x 2 slots."""
     units = -(-k // VEC)
+    if units <= CLUSTER_MIN_UNITS:
+        return 1
     c = 1
     while c < MAX_CLUSTER and c * 256 < units:
         c *= 2
