@@ -152,14 +152,7 @@ def load(verbose: bool = False):
         if _ext is not None:
             return _ext
         import torch  # noqa: F401  (libtorch must be loaded before the extension)
-        from . import ffma_interleave
 
-        # FP8_LINEAR_FFMA_INTERLEAVE=1 / all: a patched copy of this build in its own folder
-        # (sm90-<key>-ffma-<mode>-<pass digest>; docs/kernel-log.md v37), default off.
-        mode = ffma_interleave.requested_mode()
-        if mode is not None:
-            _ext = ffma_interleave.load_patched(mode, verbose)
-            return _ext
         key = cache_key()
         name = f"fp8_linear_sm90_{key}"
         folder = build_dir(key)
