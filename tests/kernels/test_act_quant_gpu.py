@@ -288,15 +288,17 @@ def sanitize_run() -> int:
 def bench(calls: int = 200) -> None:
     """Microseconds a call of the static and the per-token row kernel at M = 1 / 16, K = 2048 ... 18944
     (bf16 -> e4m3): CUDA graphs of `calls` launches back to back (with PDL when it is on), the input
-    L2-resident as the previous kernel's output is in FP8Linear. FP8_LINEAR_ACT_CLUSTER = 0 / 1 picks the
-    per-token path (one CTA a row / cluster) for the process."""
+    L2-resident as the previous kernel's output is in FP8Linear. FP8_LINEAR_ACT_CLUSTER = 0 / 1 / 2 (one CTA a
+    row / cluster / cluster with the barrier exchange) and FP8_LINEAR_ACT_CLUSTER_MIN_K pick the per-token path
+    for the process."""
     import os
 
     ext, mx = _ext(), fmt_max(E4)
     static = torch.tensor([STATIC_SCALE], device="cuda")
-    print(f"FP8_LINEAR_ACT_CLUSTER={os.environ.get('FP8_LINEAR_ACT_CLUSTER', '(unset)')}")
+    print(f"FP8_LINEAR_ACT_CLUSTER={os.environ.get('FP8_LINEAR_ACT_CLUSTER', '(unset)')} "
+          f"FP8_LINEAR_ACT_CLUSTER_MIN_K={os.environ.get('FP8_LINEAR_ACT_CLUSTER_MIN_K', '(unset)')}")
     for m in (1, 16):
-        for k in (2048, 3584, 4096, 8192, 18944):
+        for k in (2048, 3584, 4096, 5120, 8192, 18944):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             us = {}
             for mode, scale in ((MODE_STATIC, static), (MODE_TOKEN, None)):
