@@ -53,7 +53,7 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(14, "swap128x128_2acc", 128, True, 1, True),  # 7 with A/B swapped (v21)
     KernelConfig(15, "swap128x144_2acc", 144, True, 1, True),  # 10 with A/B swapped (v21)
     # 3 with two accumulators (k-block i+1 issued before i is promoted): M <= 64 decode tiles (v27)
-    KernelConfig(16, "swap128x64_2acc", 64, True, 1, True, split_k=True),
+    KernelConfig(16, "swap128x64_2acc", 64, True, 1, True, split_k=True, block_scales=True),
     # 64 weight rows per tile (one consumer warpgroup, up to 16 stages): twice the CTAs of 1 / 2 / 16 where
     # a 128-row grid leaves SMs idle (v30); two accumulators, promotion every 128 of K; block instances
     # compiled and tested, not chosen for block scales (ROWS64_BLOCK)
@@ -141,9 +141,9 @@ SWAPPED_LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = tuple(
 SWAP64_MIN_N_BLOCKS = 49
 
 #: The 64-wide swapped tile with two accumulators (config 16, docs/kernel-log.md v27): for 32 < M <= 64
-#: without block scales (it has no block instances) wherever N has at least SWAP64_DBL_MIN_N_BLOCKS row
-#: blocks or K at least SWAP64_DBL_MIN_K; below both (a few small k-blocks per tile) config 7 stays
-#: ahead. Measured (H200, 2026-12-01, `python -m benchmarks.gemm_bench --mode decode --quick --configs 3,16`,
+#: wherever N has at least SWAP64_DBL_MIN_N_BLOCKS row blocks or K at least SWAP64_DBL_MIN_K; below both
+#: (a few small k-blocks per tile) config 7 stays ahead. Block scales too since v40 (its block instances:
+#: one promotion per k-block against config 3's four; 168 registers, 0 spills). Measured (H200, 2026-12-01, `python -m benchmarks.gemm_bench --mode decode --quick --configs 3,16`,
 #: M = 64, us, config 16 / the previous choice): 8B qkv 12.7 / 14.3 (7), o 12.2 / 13.5 (7), down 23.5 /
 #: 26.9 (7, split K), gate_up 36.9 / 38.0 (3); 70B qkv 27.6 / 28.7, o 22.8 / 27.3, gate_up 127.9 / 139.9,
 #: down 62.7 / 82.8 (3); Qwen2.5-0.5B down (N 896, K 4864) 12.6 / 14.6 (7), qkv (1152 x 896) 6.6 / 6.0 and
@@ -316,7 +316,7 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
     Decode-like M (<= 32, and <= 64 when N has at least SWAP64_MIN_N_BLOCKS row blocks) puts N on
     wgmma's M side (swap A/B) with the narrowest tile that covers M, so no tensor-core work is spent on
     padding rows (for 32 < M <= 64 the two-accumulator tile SWAP64_DBL_CONFIG where N or K is large
-    enough, or config 3 with block scales). Up to ROWS64_MAX_M, without block scales, the 64-row config
+    enough). Up to ROWS64_MAX_M, without block scales, the 64-row config
     whose grid has the most tiles in one wave instead (:func:`_rows64`; up to ROWS64_MULTI_WAVE_MAX_M also
     config 17 where config 1's grid takes more than one wave), except where the 128-row choice splits K: then only above ROWS64_OVER_SPLIT_MIN_M and where the 64-row grid has more work items
     (:func:`work_items`; the 64-row config splits by its own rule). Otherwise the fastest of LARGE_M_CANDIDATES by
@@ -376,7 +376,7 @@ def _select_rows128(m: int, n: int, k: int, num_sms: int, swap_ok: bool, block: 
         return CONFIG_BY_ID[1]
     if m <= 32:
         return CONFIG_BY_ID[2]
-    if m <= 64 and not block and (-(-n // BLOCK_M) >= SWAP64_DBL_MIN_N_BLOCKS or k >= SWAP64_DBL_MIN_K):
+    if m <= 64 and (-(-n // BLOCK_M) >= SWAP64_DBL_MIN_N_BLOCKS or k >= SWAP64_DBL_MIN_K):
         return CONFIG_BY_ID[SWAP64_DBL_CONFIG]
     if m <= 64 and -(-n // BLOCK_M) >= SWAP64_MIN_N_BLOCKS:
         return CONFIG_BY_ID[3]

@@ -24,7 +24,7 @@ inline bool config_info(int id, ConfigInfo& info) {
     case 10: info = {144, 128, false, true, true, "tile128x144_2acc"}; return true;
     case 14: info = {128, 128, true, false, false, "swap128x128_2acc"}; return true;
     case 15: info = {144, 128, true, false, false, "swap128x144_2acc"}; return true;
-    case 16: info = {64, 128, true, true, false, "swap128x64_2acc"}; return true;
+    case 16: info = {64, 128, true, true, true, "swap128x64_2acc"}; return true;
     case 17: info = {16, 64, true, true, true, "swap64x16_2acc"}; return true;
     case 18: info = {32, 64, true, true, true, "swap64x32_2acc"}; return true;
     case 19: info = {64, 64, true, true, true, "swap64x64_2acc"}; return true;
@@ -71,6 +71,8 @@ const char* launch_config(const LaunchArgs& la, cudaStream_t stream, bool split,
     case 15:  // swap128x144_2acc
       return launch_one<144, true, 1, FA, FB, true>(la, stream);
     case 16:  // swap128x64_2acc
+      if (blk) return split ? launch_one<64, true, 1, FA, FB, true, true, true>(la, stream)
+                   : launch_one<64, true, 1, FA, FB, true, false, true>(la, stream);
       return split ? launch_one<64, true, 1, FA, FB, true, true>(la, stream)
                    : launch_one<64, true, 1, FA, FB, true>(la, stream);
     case 17:  // swap64x16_2acc

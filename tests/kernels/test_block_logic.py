@@ -46,8 +46,7 @@ def test_block_choice_is_the_per_tensor_model(monkeypatch):
     """Where the per-tensor choice (without the swapped twins) has block instances, block scales get the
     same config (unless it is measured slower than config 7 with block scales: BLOCK_SLOWER_THAN_7);
     a 64-row decode tile only where ROWS64_BLOCK lets block launches take them, and then the one of
-    the most tiles in one wave; the two-accumulator 64-wide decode tile (no block instances) falls back
-    to its four-accumulator twin; elsewhere the cheapest of the block candidates by the same cost model."""
+    the most tiles in one wave; elsewhere the cheapest of the block candidates by the same cost model."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     for m, n, k in SWEEP:
         plain = configs._select_rows128(m, n, k, 132, False, False)
@@ -55,8 +54,6 @@ def test_block_choice_is_the_per_tensor_model(monkeypatch):
         if blk.block_m == 64:
             assert configs.ROWS64_BLOCK and m <= configs.ROWS64_MAX_M, (m, n, k, blk.id)
             assert blk is configs._rows64(m, n, 132), (m, n, k, blk.id)
-        elif plain.id == configs.SWAP64_DBL_CONFIG and -(-n // 128) >= configs.SWAP64_MIN_N_BLOCKS:
-            assert blk.id == 3, (m, n, k)
         elif plain.block_scales and plain.id not in configs.BLOCK_SLOWER_THAN_7:
             assert blk.id == plain.id, (m, n, k)
         else:
