@@ -44,7 +44,6 @@ class KernelConfig:
 CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(1, "swap128x16_4acc", 16, True, 4, split_k=True, block_scales=True),  # M <= 16
     KernelConfig(2, "swap128x32_4acc", 32, True, 4, split_k=True, block_scales=True),  # M <= 32
-    KernelConfig(3, "swap128x64_4acc", 64, True, 4, split_k=True, block_scales=True),  # M <= 64, large N
     KernelConfig(6, "tile128x192", 192, False, 1, block_scales=True),  # less shared-memory / L2 traffic per FLOP
     KernelConfig(7, "tile128x128_2acc", 128, False, 1, True, split_k=True, block_scales=True),  # the large-M default
     # v10: 6% less operand traffic per FLOP; block instances since v29 (the promotion dispatched on the
@@ -131,19 +130,11 @@ SWAPPED_TWIN = {7: 14, 10: 15}
 SWAPPED_LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = tuple(
     (SWAPPED_TWIN[cid], rel, overhead) for cid, rel, overhead in LARGE_M_CANDIDATES if cid in SWAPPED_TWIN)
 
-#: For 32 < M <= 64, the swapped 64-wide tile (config 3) only where N is large: with at most this many
-#: 128-row blocks of N the large-M path (config 7: a 128-row tile, half of it zero-filled by TMA) is
-#: faster. Measured (H200, docs/kernel-log.md "Split K", `benchmarks.gemm_bench --mode splitk --ms 32,64 --configs 3,7`,
-#: M = 64, us per call, config 3 vs 7): N = 4096 x K 4096 20.2 vs 16.6, 6144 x 4096 20.8 vs 18.2,
-#: 4096 x 14336 49.1 vs 41.2, 8192 x 8192 33.8 vs 32.8 (within noise); config 3 ahead from N = 10240
-#: (35.9 vs 37.6, 57344 x 8192: 152.5 vs 171.6). Config 3 promotes its four accumulators every 32 of
-#: K, which costs at long K; at M = 32 config 2 beats both on every shape.
-SWAP64_MIN_N_BLOCKS = 49
-
 #: The 64-wide swapped tile with two accumulators (config 16, docs/kernel-log.md v27): for 32 < M <= 64
 #: wherever N has at least SWAP64_DBL_MIN_N_BLOCKS row blocks or K at least SWAP64_DBL_MIN_K; below both
 #: (a few small k-blocks per tile) config 7 stays ahead. Block scales too since v40 (its block instances:
-#: one promotion per k-block against config 3's four; 168 registers, 0 spills). Measured (H200, 2026-12-01, `python -m benchmarks.gemm_bench --mode decode --quick --configs 3,16`,
+#: one promotion per k-block against the four of config 3, swap128x64_4acc, which it replaced for block
+#: scales and which was then removed; 168 registers, 0 spills; docs/kernel-log.md v40). Measured (H200, 2026-12-01, `python -m benchmarks.gemm_bench --mode decode --quick --configs 3,16`,
 #: M = 64, us, config 16 / the previous choice): 8B qkv 12.7 / 14.3 (7), o 12.2 / 13.5 (7), down 23.5 /
 #: 26.9 (7, split K), gate_up 36.9 / 38.0 (3); 70B qkv 27.6 / 28.7, o 22.8 / 27.3, gate_up 127.9 / 139.9,
 #: down 62.7 / 82.8 (3); Qwen2.5-0.5B down (N 896, K 4864) 12.6 / 14.6 (7), qkv (1152 x 896) 6.6 / 6.0 and
@@ -313,10 +304,10 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
                   block: bool = False) -> KernelConfig:
     """Pick a config for an ``[m, k] x [n, k]`` problem.
 
-    Decode-like M (<= 32, and <= 64 when N has at least SWAP64_MIN_N_BLOCKS row blocks) puts N on
-    wgmma's M side (swap A/B) with the narrowest tile that covers M, so no tensor-core work is spent on
-    padding rows (for 32 < M <= 64 the two-accumulator tile SWAP64_DBL_CONFIG where N or K is large
-    enough). Up to ROWS64_MAX_M, without block scales, the 64-row config
+    Decode-like M (<= 32, and <= 64 when N has at least SWAP64_DBL_MIN_N_BLOCKS row blocks or K at least
+    SWAP64_DBL_MIN_K) puts N on wgmma's M side (swap A/B) with the narrowest tile that covers M, so no
+    tensor-core work is spent on padding rows (for 32 < M <= 64 the two-accumulator tile
+    SWAP64_DBL_CONFIG). Up to ROWS64_MAX_M, the 64-row config
     whose grid has the most tiles in one wave instead (:func:`_rows64`; up to ROWS64_MULTI_WAVE_MAX_M also
     config 17 where config 1's grid takes more than one wave), except where the 128-row choice splits K: then only above ROWS64_OVER_SPLIT_MIN_M and where the 64-row grid has more work items
     (:func:`work_items`; the 64-row config splits by its own rule). Otherwise the fastest of LARGE_M_CANDIDATES by
@@ -378,8 +369,6 @@ def _select_rows128(m: int, n: int, k: int, num_sms: int, swap_ok: bool, block: 
         return CONFIG_BY_ID[2]
     if m <= 64 and (-(-n // BLOCK_M) >= SWAP64_DBL_MIN_N_BLOCKS or k >= SWAP64_DBL_MIN_K):
         return CONFIG_BY_ID[SWAP64_DBL_CONFIG]
-    if m <= 64 and -(-n // BLOCK_M) >= SWAP64_MIN_N_BLOCKS:
-        return CONFIG_BY_ID[3]
     if block:
         return _fastest(BLOCK_LARGE_M_CANDIDATES, m, n, k, num_sms)
     best = _fastest(LARGE_M_CANDIDATES, m, n, k, num_sms)

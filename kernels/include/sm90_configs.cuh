@@ -18,7 +18,6 @@ inline bool config_info(int id, ConfigInfo& info) {
   switch (id) {
     case 1: info = {16, 128, true, true, true, "swap128x16_4acc"}; return true;
     case 2: info = {32, 128, true, true, true, "swap128x32_4acc"}; return true;
-    case 3: info = {64, 128, true, true, true, "swap128x64_4acc"}; return true;
     case 6: info = {192, 128, false, false, true, "tile128x192"}; return true;
     case 7: info = {128, 128, false, true, true, "tile128x128_2acc"}; return true;
     case 10: info = {144, 128, false, true, true, "tile128x144_2acc"}; return true;
@@ -48,11 +47,6 @@ const char* launch_config(const LaunchArgs& la, cudaStream_t stream, bool split,
                    : launch_one<32, true, 4, FA, FB, false, false, true>(la, stream);
       return split ? launch_one<32, true, 4, FA, FB, false, true>(la, stream)
                    : launch_one<32, true, 4, FA, FB, false>(la, stream);
-    case 3:  // swap128x64_4acc
-      if (blk) return split ? launch_one<64, true, 4, FA, FB, false, true, true>(la, stream)
-                   : launch_one<64, true, 4, FA, FB, false, false, true>(la, stream);
-      return split ? launch_one<64, true, 4, FA, FB, false, true>(la, stream)
-                   : launch_one<64, true, 4, FA, FB, false>(la, stream);
     case 6:  // tile128x192
       if (blk) return launch_one<192, false, 1, FA, FB, false, false, true>(la, stream);
       return launch_one<192, false, 1, FA, FB, false>(la, stream);

@@ -422,7 +422,7 @@ def test_select_splits(m, n, k, want, monkeypatch):
 
 def test_select_splits_only_for_configs_with_split_instances(monkeypatch):
     monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
-    assert [c.id for c in configs.CONFIGS if c.split_k] == [1, 2, 3, 7, 10, 16, 17, 18, 19]
+    assert [c.id for c in configs.CONFIGS if c.split_k] == [1, 2, 7, 10, 16, 17, 18, 19]
     for c in configs.CONFIGS:
         if not c.split_k:
             assert configs.select_splits(c, 64, 256, 16384) == 1
@@ -432,7 +432,7 @@ def test_select_splits_only_for_configs_with_split_instances(monkeypatch):
 
 
 def test_select_splits_env_override(monkeypatch):
-    cfg = configs.CONFIG_BY_ID[3]
+    cfg = configs.CONFIG_BY_ID[16]
     monkeypatch.setenv(configs.ENV_SPLITS, "1")
     assert configs.select_splits(cfg, 64, 4096, 14336) == 1
     monkeypatch.setenv(configs.ENV_SPLITS, "5")
