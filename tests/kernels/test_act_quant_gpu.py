@@ -259,8 +259,12 @@ def test_cluster_switch_by_environment(mode):
     import subprocess
     import sys
 
-    env = {**os.environ, "FP8_LINEAR_ACT_CLUSTER": mode}
-    run = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]  # the checkout, importable without an installed package
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "FP8_LINEAR_ACT_CLUSTER": mode, "PYTHONPATH": path}
+    run = subprocess.run([sys.executable, __file__], env=env, cwd=root, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
 
 
