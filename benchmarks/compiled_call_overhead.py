@@ -11,6 +11,8 @@ their own). Each path runs in its own process (no other compiled entry to fail t
 
 - ``us``: the fastest of ``--calls`` single calls (on a shared, loaded CPU the minimum is the figure
   that repeats);
+- ``guard us``: of that, the evaluation of the guards alone (the cache entry's guard manager checked on the
+  call's frame locals, the fastest of ``--calls``): steadier than ``us`` on a loaded machine;
 - ``inputs``: the graph's inputs (tensors dynamo passes in: parameters, buffers, cache tensors);
 - ``guards``: leaf guards of the cache entry that serves the steady calls (dynamo's C++ guard tree), of
   them ``lambda``: the conditions of guards evaluated in Python (mostly object aliasing: one object
@@ -80,8 +82,47 @@ def count_stores(call) -> int:
     return n
 
 
+def time_calls(step, kwargs: dict, calls: int) -> tuple[float, int]:
+    """``(fastest of calls single calls of step(**kwargs) in seconds, attribute stores replayed in one more)``
+    of an already compiled (warmed) ``step``."""
+    best = float("inf")
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        step(**kwargs)
+        best = min(best, time.perf_counter() - t0)
+    return best, count_stores(lambda: step(**kwargs))
+
+
+def frame_locals(fn, args: tuple, kwargs: dict) -> dict:
+    """The locals a call ``fn(*args, **kwargs)`` starts its frame with (what dynamo's guards read): the bound
+    parameters (``fn``'s own signature, not a wrapped function's) and the closure's free variables."""
+    import inspect
+
+    f = getattr(fn, "__func__", fn)
+    if f is not fn:
+        args = (fn.__self__, *args)
+    sig = inspect.signature(f, follow_wrapped=False)
+    loc = dict(sig.bind(*args, **kwargs).arguments)
+    for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
+        loc[name] = cell.cell_contents
+    return loc
+
+
+def guard_seconds(guard_manager, loc: dict, calls: int) -> float | None:
+    """The fastest of ``calls`` evaluations of ``guard_manager`` on ``loc`` (None if they do not pass there)."""
+    if not guard_manager.check(loc):
+        return None
+    best = float("inf")
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        guard_manager.check(loc)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def measure(path: str, layers: int, calls: int) -> dict:
-    """``{path, layers, us_per_call, graph_inputs, guards, lambda_guards, stores}`` of one path, in this process."""
+    """``{path, layers, us_per_call, guard_us, graph_inputs, guards, lambda_guards, stores}`` of one path, in this
+    process."""
     import torch
     from torch import nn
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
@@ -111,19 +152,16 @@ def measure(path: str, layers: int, calls: int) -> dict:
     pos = torch.tensor([3])
     kw = dict(input_ids=torch.zeros(1, 1, dtype=torch.long), past_key_values=StaticCache(config=cfg, max_cache_len=64),
               cache_position=pos, position_ids=pos[None], use_cache=True)
-    best = float("inf")
     with torch.inference_mode():
         step(**kw)
         step(**kw)
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            step(**kw)
-            best = min(best, time.perf_counter() - t0)
-        stores = count_stores(lambda: step(**kw))
-    fn = model.forward
-    entries = _debug_get_cache_entry_list(getattr(fn, "__func__", fn).__code__)
-    guards, lambdas = count_guards(entries[0].guard_manager) if entries else (-1, -1)
-    return dict(path=path, layers=layers, us_per_call=round(best * 1e6, 1), graph_inputs=inputs["n"], guards=guards,
+        best, stores = time_calls(step, kw, calls)
+        fn = model.forward
+        entries = _debug_get_cache_entry_list(getattr(fn, "__func__", fn).__code__)
+        guards, lambdas = count_guards(entries[0].guard_manager) if entries else (-1, -1)
+        g = guard_seconds(entries[0].guard_manager, frame_locals(fn, (), kw), calls) if entries else None
+    return dict(path=path, layers=layers, us_per_call=round(best * 1e6, 1),
+                guard_us=None if g is None else round(g * 1e6, 1), graph_inputs=inputs["n"], guards=guards,
                 lambda_guards=lambdas, stores=stores)
 
 
@@ -147,9 +185,11 @@ def main(argv=None) -> int:
     base = rows[0]["us_per_call"]
     linears = 7 * args.layers
     print(f"compiled decode step, {args.layers} layers ({linears} linear layers): host cost per call beyond running it")
-    print(f"{'path':<18} {'us':>8} {'per linear':>11} {'inputs':>7} {'guards':>7} {'lambda':>7} {'stores':>7}")
+    print(f"{'path':<18} {'us':>8} {'per linear':>11} {'guard us':>9} {'inputs':>7} {'guards':>7} {'lambda':>7} "
+          f"{'stores':>7}")
     for r in rows:
-        print(f"{r['path']:<18} {r['us_per_call']:>8.1f} {(r['us_per_call'] - base) / linears:>+11.2f} "
+        g = "-" if r["guard_us"] is None else f"{r['guard_us']:.1f}"
+        print(f"{r['path']:<18} {r['us_per_call']:>8.1f} {(r['us_per_call'] - base) / linears:>+11.2f} {g:>9} "
               f"{r['graph_inputs']:>7} {r['guards']:>7} {r['lambda_guards']:>7} {r['stores']:>7}")
     print(f"(per linear: us per linear layer against {rows[0]['path']})")
     if args.json:

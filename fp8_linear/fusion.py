@@ -31,7 +31,9 @@ for the wider N).
 
 from __future__ import annotations
 
+import itertools
 import logging
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -57,6 +59,14 @@ CROSS_ATTENTION_HINTS = ("encoder_attn", "crossattention", "cross_attn", "cross_
 CROSS_ATTENTION_PATTERNS: tuple[tuple[str, ...], ...] = (("k_proj", "v_proj"), ("key", "value"), ("k", "v"))
 #: Plain attribute of a parent module: its fused groups (a tuple).
 _GROUPS_ATTR = "_fusion_groups"
+#: Plain attribute of a parent module: the name of each group's first member (a tuple, in group order).
+_LEADS_ATTR = "_fusion_leads"
+#: Every live group by its ``key`` (weak references: a registry entry keeps nothing alive). A compiled
+#: forward reaches a group only here, by the key in a member's ``_fusion_slot``: one source per group,
+#: so dynamo checks no aliasing between the paths of a parent and of each member to it.
+_GROUPS: dict[int, "weakref.ref[SiblingGroup]"] = {}
+_keys = itertools.count()
+_compiling = torch.compiler.is_compiling
 #: A group's ``_state`` while its parent's forward runs and no round is open.
 _OPEN = "open"
 #: Rows of a 128x128 weight block (block scales concatenate only at multiples of it).
@@ -179,12 +189,24 @@ def fusion_refusal(layers: list[FP8Linear], _grouped: bool = False) -> str | Non
 
 
 # ----------------------------------------------------------------------------------------- the group
+def _register(group: "SiblingGroup") -> int:
+    """A new key for ``group`` in :data:`_GROUPS` (the entry goes with the group)."""
+    key = next(_keys)
+    _GROUPS[key] = weakref.ref(group, lambda _ref, key=key: _GROUPS.pop(key, None))
+    return key
+
+
 class SiblingGroup:
     """The runtime state of one fused group (a plain Python object, so that no module tree, state
     dict or parameter list sees it): the fused ``FP8Linear`` (``fused``), the member modules with their
     row ranges, and the per-forward cache (``_state``: the input the fused output was computed for,
     that output ``[..., N_total]`` and a bit per member already given its slice). Between forwards it
-    is ``None``. ``disabled_reason`` is set once the group stops fusing."""
+    is ``None``: the class attribute, no instance attribute, so that a compiled forward, which adds the
+    instance attribute in the parent's pre-hook and deletes it in its closing hook, leaves no store to
+    replay. ``disabled_reason`` is set once the group stops fusing; ``key`` is its entry in the
+    registry a compiled forward reads (a copy gets a new one)."""
+
+    _state = None
 
     def __init__(self, parent_name: str, names: tuple[str, ...], members: list[FP8Linear], fused: FP8Linear):
         self.parent_name, self.names, self.members, self.fused = parent_name, names, members, fused
@@ -200,14 +222,28 @@ class SiblingGroup:
         self.exact_reason: str | None = None
         #: Why a forward showed that the members do not read one tensor, or None.
         self.runtime_reason: str | None = None
-        #: ``None`` outside the parent's forward; inside it :data:`_OPEN` (no round yet) or
+        #: ``_state``: ``None`` outside the parent's forward; inside it :data:`_OPEN` (no round yet) or
         #: ``(input, fused output or None once every member took its slice, bit per member served)``.
-        self._state = None
+        self.key = _register(self)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_state", None)  # nothing of a forward in progress is copied
+        return state
+
+    def __setstate__(self, state) -> None:
+        """A copy (``copy.deepcopy``, pickle) registers under a new key; members already copied follow it
+        (the others take it in :meth:`FusedFP8Linear.__setstate__`)."""
+        self.__dict__.update(state)
+        self.key = _register(self)
+        for m in self.__dict__.get("members", ()):
+            if m.__dict__.get("_fusion") is self:
+                m.__dict__["_fusion_slot"] = (self.key, *m.__dict__["_fusion_slot"][1:])
 
     # ------------------------------------------------------------------ calls
-    def run(self, index: int, member: FP8Linear, x):
-        """Member ``index``'s output for ``x``: a column slice of the fused output when the group runs
-        fused for this ``x``, else the member's own GEMM (its rows of the fused weight).
+    def run(self, index: int, start: int, stop: int, member: FP8Linear, x):
+        """Member ``index``'s output for ``x``: the column slice ``start:stop`` of the fused output when the
+        group runs fused for this ``x``, else the member's own GEMM (its rows of the fused weight).
 
         A round starts when the parent's forward has no round open and ``x`` is not the input of the
         round that just completed (a member called again on it runs apart); it completes when every
@@ -216,13 +252,11 @@ class SiblingGroup:
         state = self._state
         if state is not None and self.enabled:
             if state is _OPEN or (state[1] is None and state[0] is not x):
-                out = self.fused(x)
+                out = FP8Linear.forward(self.fused, x)  # the fused layer is internal: no module call (and its guards)
                 self._state = (x, out, 1 << index)
-                start, stop = self.bounds[index]
                 return out[..., start:stop]
             key, out, served = state
             if key is x and out is not None and not (served >> index) & 1:
-                start, stop = self.bounds[index]
                 served |= 1 << index
                 self._state = (x, None, 0) if served == self.full else (x, out, served)
                 return out[..., start:stop]
@@ -233,7 +267,9 @@ class SiblingGroup:
 
     def _close(self) -> None:
         state = self._state
-        if state is not None and state is not _OPEN and state[1] is not None:
+        if state is None:
+            return
+        if state is not _OPEN and state[1] is not None:
             # A forward ended with members that did not take the fused output: they do not all read one
             # tensor here (cross-attention, shared key/value layers). Run them apart from now on.
             self.enabled = False
@@ -242,7 +278,7 @@ class SiblingGroup:
             if not torch.compiler.is_compiling():
                 logger.warning("fp8_linear: %s.{%s} no longer fused: %s", self.parent_name, ",".join(self.names),
                                self.runtime_reason)
-        self._state = None
+        del self._state  # back to the class's None
 
     # ------------------------------------------------------------------ tensors
     def link(self, index: int) -> None:
@@ -305,9 +341,11 @@ class SiblingGroup:
         groups = tuple(g for g in parent.__dict__.get(_GROUPS_ATTR, ()) if g is not self)
         if groups:
             parent.__dict__[_GROUPS_ATTR] = groups
+            parent.__dict__[_LEADS_ATTR] = tuple(g.names[0] for g in groups)
         else:
             _remove_hooks(parent)
             parent.__dict__.pop(_GROUPS_ATTR, None)
+            parent.__dict__.pop(_LEADS_ATTR, None)
         for m in self.members:
             mp = m._parameters
             for name in ("weight", "weight_scale", "bias"):
@@ -315,10 +353,11 @@ class SiblingGroup:
                 if t is not None:
                     mp[name] = nn.Parameter(t.detach().clone(), requires_grad=False)
             m.__class__ = FP8Linear
-            for attr in ("_fusion", "_fusion_index"):
+            for attr in ("_fusion", "_fusion_index", "_fusion_slot"):
                 m.__dict__.pop(attr, None)
             m._try_prepare()
-        self._state = None
+        self.__dict__.pop("_state", None)
+        _GROUPS.pop(self.key, None)
 
 
 def _copy_if_apart(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -336,8 +375,20 @@ class FusedFP8Linear(FP8Linear):
         raise TypeError("FusedFP8Linear is made by fp8_linear.fuse_projections(model), not constructed directly")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # called through the class: a traced call then guards no instance attribute named ``run``
-        return SiblingGroup.run(self._fusion, self._fusion_index, self, x)
+        # ``_fusion_slot``: (the group's key, this member's index, its first and last + 1 fused output column),
+        # one constant tuple: one guard of a traced call. Traced, the group is found in the registry by its key
+        # (one source for the group: no aliasing check); called through the class: no guard on the instance
+        # not shadowing ``run``.
+        key, index, start, stop = self._fusion_slot
+        group = _GROUPS[key]() if _compiling() else self._fusion
+        return SiblingGroup.run(group, index, start, stop, self, x)
+
+    def __setstate__(self, state) -> None:
+        """A copy follows its copied group's key (see :meth:`SiblingGroup.__setstate__`)."""
+        super().__setstate__(state)
+        group = self.__dict__.get("_fusion")
+        if group is not None and "key" in group.__dict__:
+            self.__dict__["_fusion_slot"] = (group.key, *self.__dict__["_fusion_slot"][1:])
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         """Each member's tensors as independent contiguous copies (unless ``keep_vars``): the state dict,
@@ -416,15 +467,24 @@ def _fused_layer(members: list[FP8Linear]) -> FP8Linear:
     return fused
 
 
+def _parent_groups(module: nn.Module):
+    """A parent's groups: its own tuple eagerly; traced, from the registry by the keys of their first
+    members (reached as the parent's forward reaches them: the same sources)."""
+    if _compiling():
+        children = module._modules
+        return [_GROUPS[children[name]._fusion_slot[0]]() for name in module._fusion_leads]
+    return module._fusion_groups
+
+
 def _open_groups(module: nn.Module, args) -> None:
     """Forward pre-hook of a parent: its groups may fuse during this forward."""
-    for g in module._fusion_groups:
+    for g in _parent_groups(module):
         SiblingGroup._open(g)
 
 
 def _close_groups(module: nn.Module, args, output) -> None:
     """Forward hook (``always_call``) of a parent: nothing of this forward stays cached."""
-    for g in module._fusion_groups:
+    for g in _parent_groups(module):
         SiblingGroup._close(g)
 
 
@@ -448,11 +508,13 @@ def _attach(model: nn.Module, parent_name: str, names: tuple[str, ...]) -> Fused
         m.__class__ = FusedFP8Linear
         m.__dict__["_fusion"] = group
         m.__dict__["_fusion_index"] = i
+        m.__dict__["_fusion_slot"] = (group.key, i, *group.bounds[i])
         group.link(i)
     if _GROUPS_ATTR not in parent.__dict__:
         parent.register_forward_pre_hook(_open_groups)
         parent.register_forward_hook(_close_groups, always_call=True)
     parent.__dict__[_GROUPS_ATTR] = parent.__dict__.get(_GROUPS_ATTR, ()) + (group,)
+    parent.__dict__[_LEADS_ATTR] = tuple(g.names[0] for g in parent.__dict__[_GROUPS_ATTR])
     return FusedGroupInfo(parent_name, names, tuple(m.out_features for m in members), fused.in_features,
                           _weight_kind(fused))
 

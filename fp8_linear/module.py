@@ -19,6 +19,7 @@ from torch import nn
 
 from . import settings
 from .backends import plan_layer
+from .backends.base import BACKEND_SLOTS, SHARED_PLANS
 from .errors import BackendUnavailableError, ScaleError, ShapeError
 from .formats import FP8_DTYPES, SCALE_DTYPE, format_name, resolve_format, scale_from_amax
 from .quantize import dequantize_fp8, quantize_fp8, scale_shape, validate_scale
@@ -28,10 +29,9 @@ ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _compiling = torch.compiler.is_compiling
 
 
-def _plan_fits(plan, w: torch.Tensor) -> bool:
-    """Whether ``plan`` (a ``LayerPlan``) was made for a weight of ``w``'s device, dtype and shape (static
+def _spec_fits(spec, w: torch.Tensor) -> bool:
+    """Whether ``spec`` (a ``LinearSpec``) was made for a weight of ``w``'s device, dtype and shape (static
     facts under ``torch.compile``: tracing this adds no guard beyond dynamo's own on ``w``)."""
-    spec = plan.spec
     return spec.device == w.device and spec.weight_dtype == w.dtype and (spec.n, spec.k) == tuple(w.shape)
 
 
@@ -142,22 +142,15 @@ class FP8Linear(nn.Module):
             k = x.shape[-1]
         except IndexError:  # a 0-d tensor
             k = None
+        w = self._parameters["weight"]
+        if _compiling():
+            return _traced_forward(self, x, k, w)
         if k != self.in_features:
             raise ShapeError(f"x: expected last dimension {self.in_features}, got shape {list(x.shape)}")
-        w = self._parameters["weight"]
         if x.device != w.device:
             raise ValueError(f"x: expected device {w.device} (that of weight), got {x.device}")
         plan = self._plan
-        if _compiling():
-            # Traced: no object-identity test. dynamo turns ``plan.weight is w`` into a Python guard that runs on
-            # every call of the compiled model (about 4 us a layer on a 2-core CPU, against 2 us for all the
-            # rest of a layer's guards). A replaced weight of another device, dtype or shape fails dynamo's
-            # tensor guards, recompiles, and is re-planned here; one with the same properties is read fresh
-            # from ``_parameters`` by the backend's ops, as the plan allows.
-            stale = plan is None or plan.generation != settings.GENERATION or not _plan_fits(plan, w)
-        else:
-            stale = plan is None or plan.weight is not w or plan.generation != settings.GENERATION
-        if stale:
+        if plan is None or plan.weight is not w or plan.generation != settings.GENERATION:
             plan = self.prepare()
         if x.requires_grad and torch.is_grad_enabled():
             return _StraightThrough.apply(x, self)
@@ -263,6 +256,28 @@ class FP8Linear(nn.Module):
             f"scheme={self.scheme.name}, format={format_name(self.weight.dtype)}, "
             f"weight_scale={self.scheme.weight_granularity}{list(self.weight_scale.shape)}, activations={act}"
         )
+
+
+def _traced_forward(self: "FP8Linear", x: torch.Tensor, k, w: torch.Tensor) -> torch.Tensor:
+    """:meth:`FP8Linear.forward` as ``torch.compile`` traces it: what dynamo must guard on every call of the compiled
+    model is one integer of this layer (its plan's ``key``) beside its tensors. The plan's backend, spec
+    and generation are read from the module-level ``SHARED_PLANS`` / ``BACKEND_SLOTS`` (one source for
+    every layer of one spec: guarded once per spec, no aliasing check per layer); the input's width is
+    checked against the weight's shape (a static fact of the tensor guard). No object-identity test
+    either: a replaced weight of another device, dtype or shape fails dynamo's tensor guards, recompiles,
+    and is re-planned here; one with the same properties is read fresh from ``_parameters`` by the
+    backend's ops, as the plan allows."""
+    if k != w.shape[1]:
+        raise ShapeError(f"x: expected last dimension {w.shape[1]}, got shape {list(x.shape)}")
+    if x.device != w.device:
+        raise ValueError(f"x: expected device {w.device} (that of weight), got {x.device}")
+    plan = self._plan
+    shared = None if plan is None else SHARED_PLANS[plan.key]
+    if shared is None or shared.generation != settings.GENERATION or not _spec_fits(shared.spec, w):
+        shared = SHARED_PLANS[self.prepare().key]
+    if x.requires_grad and torch.is_grad_enabled():
+        return _StraightThrough.apply(x, self)
+    return BACKEND_SLOTS[shared.slot].apply(self, x, shared.spec)
 
 
 class _StraightThrough(torch.autograd.Function):

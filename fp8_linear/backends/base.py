@@ -20,7 +20,7 @@ Scale kinds, one vocabulary with :class:`~fp8_linear.QuantScheme` and ``quantize
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -138,13 +138,53 @@ class LinearSpec:
 
 
 @dataclass(frozen=True)
+class SharedPlan:
+    """What a compiled call needs of a :class:`LayerPlan`, one object for every layer of one
+    ``(backend, spec, generation)``: ``slot`` (the backend's key in :data:`BACKEND_SLOTS`), ``spec``
+    and ``generation``. Kept in :data:`SHARED_PLANS` under the plan's ``key``.
+
+    A traced ``FP8Linear`` call reads its plan's ``key`` (one integer guard a layer) and then this
+    object and the backend through those module-level dicts: every layer of one spec reaches them by
+    one source, so dynamo guards their fields once per spec and checks no aliasing per layer
+    (docs/serving.md, "Host time")."""
+
+    slot: int
+    spec: LinearSpec
+    generation: int
+
+
+#: ``SharedPlan`` by key (small, never shrinks: one entry per distinct backend, spec and settings generation).
+SHARED_PLANS: dict[int, SharedPlan] = {}
+#: The backends of the shared plans, by slot.
+BACKEND_SLOTS: dict[int, "Backend"] = {}
+_shared_keys: dict[tuple, int] = {}
+_slots: dict[int, int] = {}  # id(backend) -> slot
+
+
+def shared_plan_key(backend: "Backend", spec: LinearSpec, generation: int) -> int:
+    """The key of the :class:`SharedPlan` of ``(backend, spec, generation)`` in :data:`SHARED_PLANS`
+    (made on first use)."""
+    slot = _slots.get(id(backend))
+    if slot is None:
+        slot = _slots[id(backend)] = len(BACKEND_SLOTS)
+        BACKEND_SLOTS[slot] = backend
+    ident = (slot, spec, generation)
+    key = _shared_keys.get(ident)
+    if key is None:
+        key = _shared_keys[ident] = len(SHARED_PLANS)
+        SHARED_PLANS[key] = SharedPlan(slot, spec, generation)
+    return key
+
+
+@dataclass(frozen=True)
 class LayerPlan:
     """A layer's backend, chosen once (``FP8Linear`` keeps it as a plain attribute).
 
     backend: the :class:`Backend` whose ``apply`` runs the layer; spec: the layer's :class:`LinearSpec`;
     weight: the weight parameter the plan was made for (a replaced parameter makes a new plan);
     generation: ``fp8_linear.settings.GENERATION`` at the choice; reason: why this backend
-    (and why the ones before it could not), as logged.
+    (and why the ones before it could not), as logged; key: the :class:`SharedPlan` of backend, spec
+    and generation in :data:`SHARED_PLANS` (set on construction).
     """
 
     backend: "Backend"
@@ -152,6 +192,10 @@ class LayerPlan:
     weight: torch.Tensor
     generation: int
     reason: str
+    key: int = field(init=False, default=-1)
+
+    def __post_init__(self):
+        object.__setattr__(self, "key", shared_plan_key(self.backend, self.spec, self.generation))
 
 
 def expand_scale_a_to_groups(scale_a: torch.Tensor, m: int, k: int) -> torch.Tensor:
@@ -212,9 +256,10 @@ class Backend:
             if not t.is_contiguous() or (want is not None and t.dtype != want):
                 p[name] = torch.nn.Parameter(t.detach().to(want or t.dtype).contiguous(), requires_grad=False)
 
-    def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
+    def apply(self, layer, x: torch.Tensor, spec: LinearSpec | None = None) -> torch.Tensor:
         """``layer(x)``: ``x`` ``[..., K]`` (bf16/fp16/fp32, validated by ``FP8Linear.forward``) ->
-        ``[..., N]`` in ``x``'s dtype."""
+        ``[..., N]`` in ``x``'s dtype. ``spec``: the layer's :class:`LinearSpec` (default: its plan's;
+        a compiled call passes its :class:`SharedPlan`'s, so that nothing of the layer's plan is read)."""
         raise NotImplementedError
 
 
@@ -229,10 +274,12 @@ def quantize_activation(layer, x2: torch.Tensor, spec: LinearSpec) -> tuple[torc
     return ops.quantize_dynamic(x2, spec.weight_dtype, spec.activation_kind)
 
 
-def quantize_and_gemm(layer, x: torch.Tensor, gemm) -> torch.Tensor:
+def quantize_and_gemm(layer, x: torch.Tensor, gemm, spec: LinearSpec | None = None) -> torch.Tensor:
     """``layer(x)`` as activation quantization (:func:`quantize_activation`) then ``gemm(q, weight,
-    scale_a, weight_scale, bias, out_dtype)`` (a GEMM op of :mod:`fp8_linear.ops`); ``[..., K] -> [..., N]``."""
-    spec = layer._plan.spec
+    scale_a, weight_scale, bias, out_dtype)`` (a GEMM op of :mod:`fp8_linear.ops`); ``[..., K] -> [..., N]``.
+    ``spec``: the layer's :class:`LinearSpec` (default: its plan's)."""
+    if spec is None:
+        spec = layer._plan.spec
     x2 = x.reshape(-1, spec.k)
     if x2.shape[0] == 0:
         return empty_linear_output(layer, x)

@@ -249,8 +249,8 @@ class CublasLtBackend(Backend):
             w = layer._parameters["weight"]
             layer._parameters["weight"] = torch.nn.Parameter(w.detach().clone(), requires_grad=False)
 
-    def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
-        return quantize_and_gemm(layer, x, ops.cublaslt_gemm)
+    def apply(self, layer, x: torch.Tensor, spec: LinearSpec | None = None) -> torch.Tensor:
+        return quantize_and_gemm(layer, x, ops.cublaslt_gemm, spec)
 
 
 __all__ = ["CublasLtBackend", "cublaslt_gemm", "SCALE_TENSOR"]

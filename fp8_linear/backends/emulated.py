@@ -100,5 +100,5 @@ class EmulatedBackend(Backend):
     def can_serve(self, spec: LinearSpec) -> tuple[bool, str]:
         return True, "takes every layer"
 
-    def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
-        return quantize_and_gemm(layer, x, ops.emulated_gemm)
+    def apply(self, layer, x: torch.Tensor, spec: LinearSpec | None = None) -> torch.Tensor:
+        return quantize_and_gemm(layer, x, ops.emulated_gemm, spec)

@@ -274,16 +274,17 @@ class Sm90Backend(Backend):
         if w.data_ptr() % TMA_ALIGN:
             layer._parameters["weight"] = torch.nn.Parameter(w.detach().clone(), requires_grad=False)
 
-    def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
+    def apply(self, layer, x: torch.Tensor, spec: LinearSpec | None = None) -> torch.Tensor:
         p = layer._parameters
-        spec = layer._plan.spec
+        if spec is None:
+            spec = layer._plan.spec
         if spec.mode == MODE_DYNAMIC_TENSOR:  # no fused mode: torch-op quantization, then the GEMM op
-            return quantize_and_gemm(layer, x, _gemm_op)
+            return quantize_and_gemm(layer, x, _gemm_op, spec)
         if _dynamo_compiling():
             if spec.mode in (MODE_STATIC, MODE_TOKEN) and spec.weight_kind != SCALE_BLOCK:
                 # traced quantization (fp8_linear.graph_quant: inductor fuses it into the kernel that
                 # produces x) + the GEMM op: one launch per layer inside the graph instead of two
-                return quantize_and_gemm(layer, x, _gemm_op)
+                return quantize_and_gemm(layer, x, _gemm_op, spec)
             return torch.ops.fp8_linear.sm90_linear(x, p["weight"], p["input_scale"], p["weight_scale"], p["bias"],
                                                     spec.mode, spec.weight_kind == SCALE_BLOCK)
         return _linear(x, p["weight"], p["input_scale"], p["weight_scale"], p["bias"], spec.mode,
