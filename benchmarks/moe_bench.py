@@ -25,7 +25,12 @@ Two parts, one run (docs/moe.md):
    fallback forced. ``--profile-prefill`` / ``--profile-decode`` replace the timings by a profile of one
    eager prefill forward / one compiled decode step, BF16 against fp8-dynamic (:mod:`benchmarks.moe_profile`).
 
-Writes a table and ``benchmarks/results/moe-<UTC stamp>[-quick].json``.
+Writes a table and ``benchmarks/results/moe-<UTC stamp>[-quick].json`` (with ``--out``, also ``moe-partial.json``
+after each model of the model part: a run stopped by a time limit keeps the models it finished). Each compiled
+row holds ``build_s`` (the model's construction and quantization), ``first_generate_s`` (compile and CUDA-graph
+capture included), ``dynamo_s`` / ``inductor_s`` (compile seconds) and ``elapsed_s``. On a CPU ``--compile``
+compiles the decode step too (inductor, no CUDA graphs), so ``--tiny`` checks the compiled path and its compile
+time there.
 
     python -m benchmarks.moe_bench --quick      # < 90 s on an H200 (every scale layout's GEMMs, 2-layer model)
     python -m benchmarks.moe_bench --quick --skip-model --scales tensor,block   # grouped GEMMs against the loop
@@ -35,6 +40,7 @@ Writes a table and ``benchmarks/results/moe-<UTC stamp>[-quick].json``.
     python -m benchmarks.moe_bench --quick --skip-gemm --profile-prefill   # where a 512-token prefill's time goes
     python -m benchmarks.moe_bench --quick --skip-gemm --profile-decode    # a compiled decode step, kernel by kernel
     python -m benchmarks.moe_bench --tiny       # a toy size, to check the script (also on a CPU)
+    python -u -m benchmarks.moe_bench --tiny --compile --compiled-only --skip-gemm --layers 48 --prefill 16 --new-tokens 4 --reps 2   # CPU: the full-depth command's path
     python -m benchmarks.moe_bench --quality    # CPU: accuracy of every preset on a tiny Qwen3-MoE vs its dense twin
 """
 
@@ -288,6 +294,29 @@ def _wall(fn, device) -> float:
     return time.perf_counter() - t0
 
 
+def cpu_compile_config():
+    """transformers' ``CompileConfig`` that compiles the static-cache decode step on a CPU too (inductor, default
+    mode: no CUDA graphs there); ``generate`` compiles on CUDA only unless told."""
+    from transformers.generation.configuration_utils import CompileConfig
+
+    config = CompileConfig(mode="default")
+    config._compile_all_devices = True
+    return config
+
+
+def compile_seconds() -> dict:
+    """Seconds dynamo and inductor spent compiling since the last ``torch._dynamo.utils.compilation_time_metrics``
+    clear: ``dynamo_s`` (tracing and the backend, the whole compile of each frame) and ``inductor_s`` (inductor's
+    lowering, code generation and kernel compilation, part of ``dynamo_s``); ``None`` where not recorded."""
+    from torch._dynamo.utils import compilation_time_metrics as m
+
+    def total(*keys):
+        vals = [sum(v) for k, v in m.items() if any(k.endswith(x) for x in keys)]
+        return round(sum(vals), 2) if vals else None
+
+    return dict(dynamo_s=total("compile_inner"), inductor_s=total("compile_fx_inner"))
+
+
 def model_times(model, device, prefill: int, new: int, reps: int, compiled: bool) -> dict:
     """Prefill tokens/s (one forward of ``[1, prefill]``, eager) and decode tokens/s at batch 1 (greedy
     ``generate``); compiled: transformers' static-cache compiled decode (``torch.compile`` mode
@@ -309,6 +338,11 @@ def model_times(model, device, prefill: int, new: int, reps: int, compiled: bool
     ids = torch.randint(0, vocab, (1, prefill), device=device)
     prompt = torch.randint(0, vocab, (1, 16), device=device)
     kw = dict(cache_implementation="static") if compiled else dict(disable_compile=True)
+    if compiled and not is_cuda(device):
+        kw["compile_config"] = cpu_compile_config()
+    from torch._dynamo.utils import compilation_time_metrics
+
+    compilation_time_metrics.clear()
     counters.clear()
     with torch.inference_mode():
         model(ids)
@@ -326,7 +360,7 @@ def model_times(model, device, prefill: int, new: int, reps: int, compiled: bool
     out = dict(prefill_tok_s=prefill / pre, decode_tok_s=1e3 / step, decode_step_ms=step,
                first_step_ms=statistics.median(r["first_step_ms"] for r in runs),
                mean_step_ms=statistics.median(r["mean_step_ms"] for r in runs), first_generate_s=first_s)
-    return {**out, **compile_counters()} if compiled else out
+    return {**out, **compile_counters(), **compile_seconds()} if compiled else out
 
 
 def weight_gb(model) -> float:
@@ -359,16 +393,20 @@ def each_model(cfg, layers, device, schemes=SCHEMES):
 
 
 def model_part(cfg, layers, device, prefill, new, reps, compiled, quick: bool = False,
-               compiled_only: bool = False, schemes=SCHEMES) -> list[dict]:
+               compiled_only: bool = False, schemes=SCHEMES, on_rows=None) -> list[dict]:
     """Part 2: BF16 (transformers' experts implementation) against fp8-dynamic (the grouped GEMM's choice,
     and the per-expert fallback forced), eager and (``compiled``) compiled; ``quick`` compiles BF16 and FP8
     grouped only, ``compiled_only`` skips the eager runs. One model on the device at a time: the FP8 model
-    is built from the same seed and quantized after the BF16 one is freed (:func:`each_model`)."""
+    is built from the same seed and quantized after the BF16 one is freed (:func:`each_model`). ``on_rows(rows)``
+    is called after each model (the rows so far: a run stopped by a time limit keeps them)."""
     rows = []
     modes = [True] if compiled and compiled_only else ([False, True] if compiled else [False])
     variants_of = {"bf16": [("bf16", None)],
                    "fp8-dynamic": [("fp8-dynamic grouped", None), ("fp8-dynamic per_expert", PER_EXPERT)]}
+    start = last = time.perf_counter()
     for scheme, model in each_model(cfg, layers, device, schemes):
+        build_s = time.perf_counter() - last  # the previous model's release, this one's construction and quantization
+        print(f"{scheme}: {layers}-layer model built in {build_s:.1f} s")
         variants = variants_of[scheme]
         for mode in modes:
             for label, forced in variants:
@@ -383,14 +421,19 @@ def model_part(cfg, layers, device, prefill, new, reps, compiled, quick: bool = 
                 finally:
                     if forced is not None:
                         unregister_grouped_backend(forced.name)
-                row = dict(model=label, compiled=mode, layers=layers, weight_gb=weight_gb(model), **t)
+                row = dict(model=label, compiled=mode, layers=layers, weight_gb=weight_gb(model), build_s=build_s,
+                           elapsed_s=time.perf_counter() - start, **t)
                 rows.append(row)
                 diag = (f"  graph breaks {t['graph_breaks']}, graphs {t['graphs']}, cudagraph skips {t['cudagraph_skips']}"
-                        f" (first generate {t['first_generate_s']:.0f} s)" if mode and "error" not in t else "")
+                        f" (first generate {t['first_generate_s']:.1f} s: dynamo {t['dynamo_s']} s, inductor "
+                        f"{t['inductor_s']} s; {row['elapsed_s']:.0f} s since start)" if mode and "error" not in t else "")
                 print(f"{label:24s} {'compiled' if mode else 'eager   '} " + (
                     f"prefill {t['prefill_tok_s']:9.0f} tok/s  decode {t['decode_tok_s']:7.1f} tok/s "
                     f"(step {t['decode_step_ms']:.3f} ms, first step {t['first_step_ms']:.2f} ms)  weights {row['weight_gb']:.2f} GB" + diag if "error" not in t else t["error"]))
         del model
+        if on_rows is not None:
+            on_rows(rows)
+        last = time.perf_counter()
     return rows
 
 
@@ -490,9 +533,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="a toy-size model (checks the script; runs on a CPU)")
     ap.add_argument("--layers", type=int, default=None,
                     help="decoder layers of the model part (default 4, 2 with --quick; Qwen3-30B-A3B has 48)")
-    ap.add_argument("--prefill", type=int, default=2048, help="tokens of the prefill forward")
-    ap.add_argument("--new-tokens", type=int, default=64, help="greedy tokens generated for the decode rate")
-    ap.add_argument("--reps", type=int, default=5, help="repetitions (medians)")
+    ap.add_argument("--prefill", type=int, default=None, help="tokens of the prefill forward (default 2048, 512 with --quick / --tiny)")
+    ap.add_argument("--new-tokens", type=int, default=None,
+                    help="greedy tokens generated for the decode rate (default 64, 32 with --quick / --tiny)")
+    ap.add_argument("--reps", type=int, default=None, help="repetitions (medians; default 5, 3 with --quick / --tiny)")
     ap.add_argument("--compile", action="store_true", help="also compiled static-cache generate")
     ap.add_argument("--compiled-only", action="store_true", help="with --compile: no eager model runs")
     ap.add_argument("--skip-model", action="store_true", help="grouped GEMM part only")
@@ -523,10 +567,12 @@ def main(argv=None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = dict(QWEN3_30B_A3B, **(TINY if args.tiny else {}))
     decode, prefill_list = DECODE_BATCHES, PREFILL_TOKENS
-    layers, prefill, new, reps = args.layers or 4, args.prefill, args.new_tokens, args.reps
+    layers, prefill, new, reps = 4, 2048, 64, 5
     if args.quick or args.tiny:
         decode, prefill_list = (TINY_TOKENS if args.tiny else QUICK)["decode"], (TINY_TOKENS if args.tiny else QUICK)["prefill"]
-        layers, prefill, new, reps = args.layers or QUICK["layers"], QUICK["prefill_len"], QUICK["new_tokens"], QUICK["reps"]
+        layers, prefill, new, reps = QUICK["layers"], QUICK["prefill_len"], QUICK["new_tokens"], QUICK["reps"]
+    layers, prefill = args.layers or layers, args.prefill or prefill  # what is given explicitly wins
+    new, reps = args.new_tokens or new, args.reps or reps
     print(f"device {device}; grouped backends in order: {[b.name for b in grouped_backends()]}")
     scales = tuple(s for s in args.scales.split(",") if s)
     if not scales or any(s not in SCALES for s in scales):
@@ -546,8 +592,16 @@ def main(argv=None) -> int:
             meta = environment({"model": "Qwen3-30B-A3B-shaped" + (" (tiny)" if args.tiny else ""), "layers": layers})
             print(f"wrote {write_json('moe-profile', meta, {}, gemm_rows + model_rows, out=args.out)}")
         return 0
+    def keep_partial(rows):  # overwritten after each model; the stamped result file is written at the end
+        if args.out:
+            import json
+            import pathlib
+
+            pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
+            (pathlib.Path(args.out) / "moe-partial.json").write_text(json.dumps(rows, indent=1, default=str))
+
     model_rows = [] if args.skip_model else model_part(cfg, layers, device, prefill, new, reps, args.compile, args.quick,
-                                                      args.compiled_only, schemes)
+                                                      args.compiled_only, schemes, keep_partial)
     if model_rows:
         print_model_table(model_rows)
     summary = {}

@@ -43,6 +43,7 @@ from ..ops import quantize_dynamic
 from ..quantize import quantize_fp8, quantize_unchecked, validate_scale
 from ..scheme import QuantScheme, resolve_scheme
 from . import hf
+from .hf import implementation
 from .sm90_grouped import quantize_groups
 
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -141,13 +142,19 @@ class FP8Experts(nn.Module):
 
     def _init_tensors(self, scheme: QuantScheme, lay: dict, device, src: nn.Module) -> None:
         self.scheme = scheme
-        # The forward reads these strings, not ``scheme``: every layer shares one QuantScheme object, and
-        # dynamo guards that sharing with a Python identity test per layer on every compiled call.
         self.weight_granularity = scheme.weight_granularity
         self.activation_granularity = scheme.activation_granularity
         self.fp8_layout = lay
         self.is_transposed = False  # our FP8 weights are [E, out, in] whatever the original stored
         self.num_experts = lay["num_experts"]
+        # What the forward reads, each a plain bool or string attribute (one C++ equality guard per layer under
+        # torch.compile; sizes come from the weights' static shapes): not ``scheme`` (all layers share one
+        # QuantScheme, and dynamo checks that sharing in Python on every call), not the ``fp8_layout`` dict
+        # (a guard per key read), no attribute looked up with a default (a guard per module dict searched).
+        self.activation_mode = "static" if scheme.static else scheme.activation_granularity
+        self.has_gate = lay["has_gate"]
+        self.is_concatenated = lay["concatenated"]
+        self.has_post_expert_norm = bool(getattr(src, "has_post_expert_norm", False))
         fp8 = resolve_format(scheme.fmt)
         e = lay["num_experts"]
         kw = dict(device=device)
@@ -164,6 +171,7 @@ class FP8Experts(nn.Module):
             if isinstance(bias, torch.Tensor):
                 self.register_parameter(_BIAS[name], nn.Parameter(
                     torch.zeros(e, rows, dtype=bias.dtype, **kw), requires_grad=False))
+        self.fp8_bias = any(_BIAS[name] in self._parameters for name, *_ in self.projections())
 
     def projections(self) -> list[tuple[str, int, int, int]]:
         """``(name, rows, cols, parts)`` of the two projections, first then ``down_proj``."""
@@ -223,46 +231,13 @@ class FP8Experts(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-        return hf.implementation()(self, hidden_states, top_k_index, top_k_weights)
+        return implementation()(self, hidden_states, top_k_index, top_k_weights)  # a name, not hf.<name>: no alias guard
 
     def gemm(self, name: str, x: torch.Tensor, sorted_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """Projection ``name`` of the rows ``x`` ``[S, in]`` sorted by expert (``sorted_ids`` ``[S]``,
         ``offsets`` ``[E]``): activation quantization (static per expert, or dynamic) + grouped GEMM
-        (+ bias). Returns ``[S, rows]`` in ``x``'s dtype."""
-        w = getattr(self, name)
-        fp8 = w.dtype
-        static = getattr(self, f"{name}_input_scale")
-        if static is not None:
-            rows_scale = static[sorted_ids.clamp(max=self.num_experts - 1)].unsqueeze(-1)
-            q, sa = quantize_unchecked(x, fp8, rows_scale), rows_scale
-        elif self.activation_granularity == "group":  # M-major scales from act_quant on sm90
-            q, sa = quantize_groups(x, fp8)
-        else:
-            q, sa = quantize_dynamic(x, fp8, self.activation_granularity)  # an op under torch.compile
-        bias = getattr(self, _BIAS[name], None)
-        s = getattr(self, f"{name}_scale")
-        parts = s.shape[1] if s.dim() != 3 else 1
-        gran = self.weight_granularity
-        lay = self.fp8_layout
-        if gran == "channel":
-            return grouped_fp8_gemm_unchecked(q, w, sa, s, offsets, bias, x.dtype)
-        if gran == "tensor":
-            if parts == 1:
-                sb = s.reshape(-1)
-            elif lay["concatenated"]:
-                sb = s.repeat_interleave(w.shape[1] // parts, dim=1).unsqueeze(-1)
-            else:
-                sb = s.repeat(1, w.shape[1] // parts).unsqueeze(-1)
-            return grouped_fp8_gemm_unchecked(q, w, sa, sb, offsets, bias, x.dtype)
-        # 128x128 blocks (concatenated parts)
-        rows = w.shape[1] // parts
-        if parts == 1 or rows % GROUP_SIZE == 0:
-            sb = s.reshape(s.shape[0], -1, s.shape[-1])
-            return grouped_fp8_gemm_unchecked(q, w, sa, sb, offsets, bias, x.dtype)
-        outs = [grouped_fp8_gemm_unchecked(q, part_rows(w, p, parts, True), sa, s[:, p], offsets,
-                                           None if bias is None else bias[:, p * rows:(p + 1) * rows], x.dtype)
-                for p in range(parts)]
-        return torch.cat(outs, dim=-1)
+        (+ bias). Returns ``[S, rows]`` in ``x``'s dtype (:func:`project`)."""
+        return project(self, name, x, sorted_ids, offsets)
 
     # ------------------------------------------------------------------ housekeeping
     def check(self) -> None:
@@ -336,6 +311,45 @@ def quantize_expert_weight(w: torch.Tensor, granularity: str, fp8: torch.dtype, 
     return q, out
 
 
+def project(mod: FP8Experts, name: str, x: torch.Tensor, sorted_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """:meth:`FP8Experts.gemm` as a function: the forward calls it directly (no per-layer method lookup guard
+    under torch.compile). It reads the module's ``activation_mode``, ``weight_granularity``, ``fp8_bias``
+    (and ``is_concatenated`` for per-tensor scales of two parts) and the projection's tensors."""
+    w = getattr(mod, name)
+    fp8 = w.dtype
+    mode = mod.activation_mode
+    if mode == "static":
+        rows_scale = getattr(mod, f"{name}_input_scale")[sorted_ids.clamp(max=w.shape[0] - 1)].unsqueeze(-1)
+        q, sa = quantize_unchecked(x, fp8, rows_scale), rows_scale
+    elif mode == "group":  # M-major scales from act_quant on sm90
+        q, sa = quantize_groups(x, fp8)
+    else:
+        q, sa = quantize_dynamic(x, fp8, mode)  # an op under torch.compile
+    bias = getattr(mod, _BIAS[name], None) if mod.fp8_bias else None
+    s = getattr(mod, f"{name}_scale")
+    parts = s.shape[1] if s.dim() != 3 else 1
+    gran = mod.weight_granularity
+    if gran == "channel":
+        return grouped_fp8_gemm_unchecked(q, w, sa, s, offsets, bias, x.dtype)
+    if gran == "tensor":
+        if parts == 1:
+            sb = s.reshape(-1)
+        elif mod.is_concatenated:
+            sb = s.repeat_interleave(w.shape[1] // parts, dim=1).unsqueeze(-1)
+        else:
+            sb = s.repeat(1, w.shape[1] // parts).unsqueeze(-1)
+        return grouped_fp8_gemm_unchecked(q, w, sa, sb, offsets, bias, x.dtype)
+    # 128x128 blocks (concatenated parts)
+    rows = w.shape[1] // parts
+    if parts == 1 or rows % GROUP_SIZE == 0:
+        sb = s.reshape(s.shape[0], -1, s.shape[-1])
+        return grouped_fp8_gemm_unchecked(q, w, sa, sb, offsets, bias, x.dtype)
+    outs = [grouped_fp8_gemm_unchecked(q, part_rows(w, p, parts, True), sa, s[:, p], offsets,
+                                       None if bias is None else bias[:, p * rows:(p + 1) * rows], x.dtype)
+            for p in range(parts)]
+    return torch.cat(outs, dim=-1)
+
+
 def fp8_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                         top_k_weights: torch.Tensor) -> torch.Tensor:
     """The ``"fp8_linear"`` experts implementation: ``[T, H]`` tokens, ``[T, k]`` expert ids and weights -> ``[T, H]``.
@@ -350,13 +364,13 @@ def fp8_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_inde
     x = hidden_states
     if not isinstance(x, torch.Tensor) or x.dtype not in ACT_DTYPES:
         raise TypeError(f"hidden_states: expected a bfloat16/float16/float32 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
-    lay = self.fp8_layout
-    if x.dim() != 2 or x.shape[-1] != lay["hidden"]:
-        raise ShapeError(f"hidden_states: expected shape [tokens, {lay['hidden']}], got {list(x.shape)}")
+    down = self.down_proj  # [E, H, I]: the sizes are the weights' static shapes (no attribute guards)
+    e, hidden = down.shape[0], down.shape[1]
+    if x.dim() != 2 or x.shape[-1] != hidden:
+        raise ShapeError(f"hidden_states: expected shape [tokens, {hidden}], got {list(x.shape)}")
     if top_k_index.shape != top_k_weights.shape or top_k_index.dim() != 2 or top_k_index.shape[0] != x.shape[0]:
         raise ShapeError(f"top_k_index / top_k_weights: expected equal shapes [{x.shape[0]}, k], got "
                          f"{list(top_k_index.shape)} / {list(top_k_weights.shape)}")
-    e = lay["num_experts"]
     tokens, k = top_k_index.shape
     ids = top_k_index.reshape(-1)
     sorted_ids, perm = torch.sort(ids, stable=True)
@@ -365,15 +379,16 @@ def fp8_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_inde
     hist_in = sorted_ids.float() if x.device.type in ("cpu", "mps") else sorted_ids.int()
     counts = torch.histc(hist_in, bins=e, min=0, max=e - 1)
     offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
-    h = self.gemm(lay["first"], xs, sorted_ids, offsets)
-    h = self._apply_gate(h) if lay["has_gate"] else self.act_fn(h)
-    y = self.gemm("down_proj", h, sorted_ids, offsets)
-    if getattr(self, "has_post_expert_norm", False):
+    gated = self.has_gate
+    h = project(self, "gate_up_proj" if gated else "up_proj", xs, sorted_ids, offsets)
+    h = self._apply_gate(h) if gated else self.act_fn(h)
+    y = project(self, "down_proj", h, sorted_ids, offsets)
+    if self.has_post_expert_norm:
         y = self.post_expert_norm(y)
     y = y * top_k_weights.reshape(-1)[perm].unsqueeze(-1).to(y.dtype)
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(perm.numel(), device=perm.device)
-    return y[inv].view(tokens, k, lay["hidden"]).sum(dim=1).to(x.dtype)
+    return y[inv].view(tokens, k, hidden).sum(dim=1).to(x.dtype)
 
 
 try:

@@ -111,3 +111,38 @@ def test_compiled_step_has_no_python_guard_on_the_experts():
     parts = [p for g in entries[0].guard_manager.root.get_epilogue_lambda_guards() for p in g.verbose_code_parts()]
     assert parts, "the step has aliasing guards (transformers' own), so the introspection works"
     assert [p for p in parts if "['experts']" in p] == []
+
+
+def _experts_guard_code(model) -> list[str]:
+    """The code of every guard (leaf and epilogue) of the compiled decode step that names an experts module."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    torch._dynamo.reset()
+    step = torch.compile(model.forward, backend=lambda gm, _inputs: gm, fullgraph=True)
+    with torch.inference_mode():
+        step(**_decode_step_args(model))
+    entries = _debug_get_cache_entry_list(model.forward.__func__.__code__)
+    root = entries[0].guard_manager.root
+    code, todo = [], [root]
+    while todo:
+        m = todo.pop()
+        code += [p for g in m.get_leaf_guards() for p in g.verbose_code_parts()]
+        todo.extend(m.get_child_managers())
+        if hasattr(m, "get_key_value_managers"):
+            for pair in m.get_key_value_managers().values():
+                todo.extend(k for k in (pair if isinstance(pair, tuple) else (pair,)) if k is not None)
+    code += [p for g in root.get_epilogue_lambda_guards() for p in g.verbose_code_parts()]
+    return [c for c in code if "['experts']" in c]
+
+
+@pytest.mark.parametrize("scheme", ["fp8-dynamic", pytest.param("fp8-tensor", marks=pytest.mark.slow)])
+def test_compiled_step_guards_no_python_structure_of_the_experts(scheme):
+    """The experts forward reads plain bool / string attributes and its tensors (sizes from their static shapes):
+    no guard on the shared QuantScheme, on the ``fp8_layout`` dict, on a method looked up on the instance or
+    on an attribute searched with a default; per experts module its tensor guards are the 4 (dynamic) or 6
+    (static) FP8 tensors'."""
+    code = _experts_guard_code(_fp8_model(scheme))
+    for bad in ("fp8_layout", ".scheme", "hasattr(", "'gemm'"):
+        assert [c for c in code if bad in c and "DIMENSION" not in c and "_dynamo_" not in c] == [], bad
+    layer0 = [c for c in code if "layers']._modules['0']" in c and c.startswith("check_tensor(")]
+    assert len(layer0) == (6 if scheme in STATIC else 4), layer0
