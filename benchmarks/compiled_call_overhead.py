@@ -20,7 +20,10 @@ their own). Each path runs in its own process (no other compiled entry to fail t
 - ``stores``: attribute stores dynamo replays after the graph (side effects of the traced forward),
   counted as calls of its store helper during one call.
 
-A path ``<preset>+fused`` also fuses the q/k/v and gate/up siblings (``fp8_linear.fuse_projections``).
+A path ``<preset>+fused`` also fuses the q/k/v and gate/up siblings (``fp8_linear.fuse_projections``);
+``+head`` makes ``lm_head`` an ``FP8Linear`` of the preset too and ``+emb`` the input embedding an
+``FP8Embedding`` (as ``benchmarks/e2e.py --fp8-lm-head --fp8-embedding``); suffixes combine
+(``fp8-channel+fused+head+emb``).
 Runs on a CPU:
 
     python -m benchmarks.compiled_call_overhead [--layers 8] [--paths bf16,fp8-tensor,fp8-channel,fp8-dynamic]
@@ -36,32 +39,44 @@ import sys
 import time
 
 PATHS = ("bf16", "fp8-tensor", "fp8-channel", "fp8-dynamic")
-#: Path suffix: the FP8 siblings fused (q/k/v, gate/up).
-FUSED = "+fused"
+#: Path suffixes: the FP8 siblings fused (q/k/v, gate/up); lm_head FP8 too; the input embedding an FP8Embedding.
+FUSED, HEAD, EMB = "fused", "head", "emb"
 #: The small Llama: only the structure matters (layers, modules, tensors), not the width.
 CONFIG = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
 #: dynamo's helper that replays an attribute store of the traced code after the graph.
 STORE_HELPER = "object_setattr_ignore_descriptor"
 
 
-def count_guards(root) -> tuple[int, int]:
-    """``(leaf guards, lambda guards)`` of a dynamo guard tree (``cache_entry.guard_manager``)."""
+def leaf_guards(root):
+    """Every leaf guard of a dynamo guard tree (``cache_entry.guard_manager``) as ``(guard, is_lambda)``; the
+    epilogue's Python guards last."""
     root = getattr(root, "root", root)  # torch's Python wrapper around the C++ root manager
-    leaves = lambdas = 0
     todo = [root]
     while todo:
         m = todo.pop()
         for g in m.get_leaf_guards():
-            leaves += 1
-            if "LAMBDA" in type(g).__name__:  # one Python function may check several conditions
-                lambdas += max(1, len(g.verbose_code_parts()))
+            yield g, "LAMBDA" in type(g).__name__
         todo.extend(m.get_child_managers())
         if hasattr(m, "get_key_value_managers"):  # a dict's managers hang off its key / value pairs
             for pair in m.get_key_value_managers().values():
                 todo.extend(k for k in (pair if isinstance(pair, tuple) else (pair,)) if k is not None)
     for g in root.get_epilogue_lambda_guards() if hasattr(root, "get_epilogue_lambda_guards") else []:
+        yield g, True
+
+
+def guard_conditions(root) -> list[tuple[bool, str]]:
+    """``(is_lambda, condition)`` of every condition a guard tree checks (a Python guard may check several)."""
+    return [(lam, part.split("  #")[0].strip()) for g, lam in leaf_guards(root) for part in g.verbose_code_parts()]
+
+
+def count_guards(root) -> tuple[int, int]:
+    """``(leaf guards, lambda guards)`` of a dynamo guard tree (``cache_entry.guard_manager``); a lambda guard
+    counts each condition it checks in Python."""
+    leaves = lambdas = 0
+    for g, lam in leaf_guards(root):
         leaves += 1
-        lambdas += max(1, len(g.verbose_code_parts()))
+        if lam:
+            lambdas += max(1, len(g.verbose_code_parts()))
     return leaves, lambdas
 
 
@@ -120,26 +135,33 @@ def guard_seconds(guard_manager, loc: dict, calls: int) -> float | None:
     return best
 
 
-def measure(path: str, layers: int, calls: int) -> dict:
-    """``{path, layers, us_per_call, guard_us, graph_inputs, guards, lambda_guards, stores}`` of one path, in this
-    process."""
+def compiled_step(path: str, layers: int):
+    """The small Llama of ``path`` (``bf16`` or ``<preset>[+fused][+head][+emb]``) with ``layers`` decoder layers,
+    its decode step compiled as transformers compiles it (``fullgraph=True``; a backend that runs the graph once
+    and then returns that result), called twice (the static cache's first call recompiles once, as in
+    ``generate``). Returns ``(model, step, kwargs, inputs)``: ``step(**kwargs)`` is a steady call, ``inputs["n"]``
+    the graph's input count, and the model's cache entry serves it (:func:`steady_entry`)."""
     import torch
     from torch import nn
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
     from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
     from fp8_linear import FP8Linear, fuse_projections
+    from fp8_linear.embedding import FP8Embedding
 
-    preset, fused = (path[: -len(FUSED)], True) if path.endswith(FUSED) else (path, False)
+    preset, *flags = path.split("+")
+    if set(flags) - {FUSED, HEAD, EMB} or (flags and preset == "bf16"):
+        raise SystemExit(f"--paths: {path!r}: expected bf16 or <preset>[+fused][+head][+emb]")
     torch.manual_seed(0)
     cfg = LlamaConfig(num_hidden_layers=layers, **CONFIG)
     model = LlamaForCausalLM(cfg).eval().to(torch.bfloat16)
     if preset != "bf16":
         for name, lin in list(model.named_modules()):
-            if isinstance(lin, nn.Linear) and name != "lm_head":
+            if isinstance(lin, nn.Linear) and (name != "lm_head" or HEAD in flags):
                 parent, _, child = name.rpartition(".")
                 setattr(model.get_submodule(parent), child, FP8Linear.from_linear(lin, preset, input_amax=1.0))
-    if fused:
+    if EMB in flags:
+        model.model.embed_tokens = FP8Embedding.from_embedding(model.model.embed_tokens)
+    if FUSED in flags:
         fuse_projections(model)
     inputs = {}
 
@@ -155,11 +177,29 @@ def measure(path: str, layers: int, calls: int) -> dict:
     with torch.inference_mode():
         step(**kw)
         step(**kw)
+    return model, step, kw, inputs
+
+
+def steady_entry(model):
+    """The newest cache entry of ``model.forward`` (the one :func:`compiled_step`'s steady calls hit), or None."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    fn = model.forward
+    entries = _debug_get_cache_entry_list(getattr(fn, "__func__", fn).__code__)
+    return entries[0] if entries else None
+
+
+def measure(path: str, layers: int, calls: int) -> dict:
+    """``{path, layers, us_per_call, guard_us, graph_inputs, guards, lambda_guards, stores}`` of one path, in this
+    process."""
+    import torch
+
+    model, step, kw, inputs = compiled_step(path, layers)
+    with torch.inference_mode():
         best, stores = time_calls(step, kw, calls)
-        fn = model.forward
-        entries = _debug_get_cache_entry_list(getattr(fn, "__func__", fn).__code__)
-        guards, lambdas = count_guards(entries[0].guard_manager) if entries else (-1, -1)
-        g = guard_seconds(entries[0].guard_manager, frame_locals(fn, (), kw), calls) if entries else None
+        entry = steady_entry(model)
+        guards, lambdas = count_guards(entry.guard_manager) if entry else (-1, -1)
+        g = guard_seconds(entry.guard_manager, frame_locals(model.forward, (), kw), calls) if entry else None
     return dict(path=path, layers=layers, us_per_call=round(best * 1e6, 1),
                 guard_us=None if g is None else round(g * 1e6, 1), graph_inputs=inputs["n"], guards=guards,
                 lambda_guards=lambdas, stores=stores)

@@ -232,13 +232,15 @@ class SiblingGroup:
         return state
 
     def __setstate__(self, state) -> None:
-        """A copy (``copy.deepcopy``, pickle) registers under a new key; members already copied follow it
-        (the others take it in :meth:`FusedFP8Linear.__setstate__`)."""
+        """A copy (``copy.deepcopy``, pickle) registers under a new key; members already copied follow it and
+        are linked to the copied fused tensors again (``Parameter`` copies are independent clones: their views
+        would be lost); the others do both in :meth:`FusedFP8Linear.__setstate__`."""
         self.__dict__.update(state)
         self.key = _register(self)
-        for m in self.__dict__.get("members", ()):
+        for i, m in enumerate(self.__dict__.get("members", ())):
             if m.__dict__.get("_fusion") is self:
                 m.__dict__["_fusion_slot"] = (self.key, *m.__dict__["_fusion_slot"][1:])
+                self.link(i)
 
     # ------------------------------------------------------------------ calls
     def run(self, index: int, start: int, stop: int, member: FP8Linear, x):
@@ -384,11 +386,13 @@ class FusedFP8Linear(FP8Linear):
         return SiblingGroup.run(group, index, start, stop, self, x)
 
     def __setstate__(self, state) -> None:
-        """A copy follows its copied group's key (see :meth:`SiblingGroup.__setstate__`)."""
+        """A copy follows its copied group's key and views its copied fused tensors again (see
+        :meth:`SiblingGroup.__setstate__`)."""
         super().__setstate__(state)
         group = self.__dict__.get("_fusion")
         if group is not None and "key" in group.__dict__:
             self.__dict__["_fusion_slot"] = (group.key, *self.__dict__["_fusion_slot"][1:])
+            group.link(self._fusion_index)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         """Each member's tensors as independent contiguous copies (unless ``keep_vars``): the state dict,

@@ -1,0 +1,95 @@
+"""What a compiled decode step checks per call because of our modules (docs/serving.md, "Host time").
+
+dynamo guards every Python value a traced forward reads; a guard evaluated in Python (an aliasing check:
+one object reached by two paths) or an attribute store replayed after the graph costs host time on every
+call of the compiled model. On a tiny Llama's compiled static-cache decode step (CPU, the emulated
+backend; ``benchmarks.compiled_call_overhead`` measures the same):
+
+- FP8 layers (plain and fused groups) add no Python guard per decoder layer and no replayed store: the
+  growth per layer of both equals BF16's, and no Python guard mentions a plan or a group;
+- each FP8Linear a forward runs costs two guards on its plan (its type and its shared plan's key), the
+  plan's fields are guarded once per spec;
+- a deep copy of a fused model registers its own groups (new keys), its members view its own fused
+  buffers, and its compiled forward runs them: bitwise its own eager output, not the original's.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from benchmarks.compiled_call_overhead import compiled_step, count_guards, guard_conditions, steady_entry, time_calls
+from fp8_linear.fusion import fusion_groups
+
+#: FP8 modules a decoder layer runs per forward: 7 linears, or with q/k/v and gate/up fused 2 groups + o + down.
+RUN_PER_LAYER = {"fp8-tensor": 7, "fp8-channel+fused": 4, "fp8-dynamic+fused": 4}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _entry_facts(path: str, layers: int) -> dict:
+    torch._dynamo.reset()
+    model, step, kw, _ = compiled_step(path, layers)
+    with torch.inference_mode():
+        _, stores = time_calls(step, kw, 1)
+    entry = steady_entry(model)
+    conds = guard_conditions(entry.guard_manager)
+    return dict(lambdas=count_guards(entry.guard_manager)[1], stores=stores, conds=conds)
+
+
+@pytest.fixture(scope="module")
+def facts():
+    return {(p, n): _entry_facts(p, n) for p in ("bf16", *RUN_PER_LAYER) for n in (1, 2)}
+
+
+@pytest.mark.parametrize("path", list(RUN_PER_LAYER))
+def test_fp8_layers_add_no_python_guard_or_store_per_layer(facts, path):
+    bf16 = facts["bf16", 2]["lambdas"] - facts["bf16", 1]["lambdas"]
+    ours = facts[path, 2]["lambdas"] - facts[path, 1]["lambdas"]
+    assert ours == bf16, f"{path}: {ours} Python guards per decoder layer, BF16 {bf16}"
+    assert facts[path, 1]["stores"] == facts[path, 2]["stores"] == facts["bf16", 2]["stores"]
+    python = [c for lam, c in facts[path, 2]["conds"] if lam and ("_plan" in c or "_fusion" in c or "GROUPS" in c)]
+    assert not python, python[:3]
+
+
+@pytest.mark.parametrize("path", list(RUN_PER_LAYER))
+def test_each_fp8_layer_guards_its_plan_twice(facts, path):
+    for layers in (1, 2):
+        per_layer = [c for lam, c in facts[path, layers]["conds"] if "._plan" in c]
+        assert len(per_layer) == 2 * RUN_PER_LAYER[path] * layers, per_layer
+        assert all(c.startswith("___check_type_id(") or c.endswith(f"._plan.key == {c.rsplit(' ', 1)[-1]}")
+                   for c in per_layer), per_layer
+        # the shared plans' fields: once per spec, not per layer
+        shared = [c for _, c in facts[path, layers]["conds"] if "SHARED_PLANS[" in c and ".spec.n ==" in c]
+        assert 1 <= len(shared) <= RUN_PER_LAYER[path]
+
+
+def test_compiled_copy_of_a_fused_model_runs_its_own_groups():
+    model, _, kw, _ = compiled_step("fp8-tensor+fused", 2)
+    dup = copy.deepcopy(model)
+    groups, dup_groups = fusion_groups(model), fusion_groups(dup)
+    assert {g.key for g in groups}.isdisjoint(g.key for g in dup_groups)
+    for g in dup_groups:  # the copy's members view its own fused buffer (one copy of the weights, not two)
+        assert all(m._fusion_slot[0] == g.key and m._fusion is g for m in g.members)
+        ptr = g.fused.weight.untyped_storage().data_ptr()
+        assert all(m.weight.untyped_storage().data_ptr() == ptr for m in g.members)
+    with torch.no_grad():  # other weights in the copy's fused buffers (through the members' views)
+        for g in dup_groups:
+            for m in g.members:
+                m.weight.copy_(m.weight.float().flip(1).to(m.weight.dtype))
+    ids = torch.randint(0, model.config.vocab_size, (1, 5))
+    with torch.inference_mode():
+        eager, dup_eager = model(ids).logits, dup(ids).logits
+        assert not torch.equal(eager, dup_eager)
+        torch._dynamo.reset()
+        for m, want in ((dup, dup_eager), (model, eager)):
+            compiled = torch.compile(m.forward, backend="eager", fullgraph=True)
+            assert torch.equal(compiled(ids).logits, want)
+    assert all(g._state is None for g in groups + dup_groups)
