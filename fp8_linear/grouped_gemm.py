@@ -168,6 +168,30 @@ def make_grouped_problem(a, b, scale_a, scale_b, offsets, bias=None, out_dtype=t
     ``check_values=False`` skips the scans that need a device sync (scale values, offsets order);
     the experts module, which builds its offsets itself, uses it on the hot path.
     """
+    ka, kb_ = validate_grouped(a, b, scale_a, scale_b, offsets, bias, out_dtype, check_values)
+    e, n = b.shape[0], b.shape[1]
+    if bias is not None:
+        bias = bias.contiguous()
+    if ka == A_TENSOR:
+        sa = scale_a.float().reshape(1)
+    elif ka == A_GROUP:  # any strides: the sm90 kernel reads the M-major layout act_quant writes without a copy
+        sa = scale_a if scale_a.dtype == torch.float32 else scale_a.float()
+    else:
+        sa = scale_a.float().contiguous()
+    if kb_ == B_TENSOR:
+        sb = scale_b.float().reshape(e)
+    elif kb_ == B_CHANNEL:
+        sb = scale_b.float().reshape(e, n)
+    else:
+        sb = scale_b.float().contiguous()
+    return GroupedProblem(a.contiguous(), b, sa, sb, offsets, bias, out_dtype, ka, kb_)
+
+
+def validate_grouped(a, b, scale_a, scale_b, offsets, bias=None, out_dtype=torch.bfloat16,
+                     check_values: bool = True) -> tuple[str, str]:
+    """The checks of :func:`make_grouped_problem` (typed errors naming the argument); returns the
+    ``(scale_a_kind, scale_b_kind)``. Under ``torch.compile`` the grouped GEMM runs these alone at trace time
+    (the op builds its problem when it runs), so tracing records no operand conversions that the op redoes."""
     _check_fp8(a, "a", 2)
     _check_fp8(b, "b", 3)
     m, k = a.shape
@@ -212,20 +236,7 @@ def make_grouped_problem(a, b, scale_a, scale_b, offsets, bias=None, out_dtype=t
             raise ShapeError(f"bias: expected shape [{e}, {n}], got {list(bias.shape)}")
         if bias.device != a.device:
             raise ValueError(f"bias: expected device {a.device} (that of a), got {bias.device}")
-        bias = bias.contiguous()
-    if ka == A_TENSOR:
-        sa = scale_a.float().reshape(1)
-    elif ka == A_GROUP:  # any strides: the sm90 kernel reads the M-major layout act_quant writes without a copy
-        sa = scale_a if scale_a.dtype == torch.float32 else scale_a.float()
-    else:
-        sa = scale_a.float().contiguous()
-    if kb_ == B_TENSOR:
-        sb = scale_b.float().reshape(e)
-    elif kb_ == B_CHANNEL:
-        sb = scale_b.float().reshape(e, n)
-    else:
-        sb = scale_b.float().contiguous()
-    return GroupedProblem(a.contiguous(), b, sa, sb, offsets, bias, out_dtype, ka, kb_)
+    return ka, kb_
 
 
 # ---------------------------------------------------------------------------------------------- dispatch
@@ -346,9 +357,9 @@ def _grouped_op_fake(a, b, scale_a, scale_b, offsets, bias, out_dtype):
 def grouped_fp8_gemm_unchecked(a, b, scale_a, scale_b, offsets, bias=None, out_dtype=torch.bfloat16) -> torch.Tensor:
     """:func:`grouped_fp8_gemm` without the value scans (no device sync): shapes and dtypes are still
     checked. Inputs must already satisfy the contract (finite positive scales, ordered offsets)."""
-    p = make_grouped_problem(a, b, scale_a, scale_b, offsets, bias, out_dtype, check_values=False)
     if not _compiling():  # eager: the backend directly (no dispatcher round trip, one validation)
-        return run_grouped_problem(p)
+        return run_grouped_problem(make_grouped_problem(a, b, scale_a, scale_b, offsets, bias, out_dtype, check_values=False))
+    validate_grouped(a, b, scale_a, scale_b, offsets, bias, out_dtype, check_values=False)
     return _grouped_op(a, b, scale_a, scale_b, offsets, bias, out_dtype)
 
 
@@ -374,9 +385,9 @@ def grouped_fp8_gemm(a, b, scale_a, scale_b, offsets, bias=None, out_dtype=torch
 
     Raises ``TypeError`` / ``ShapeError`` / ``ScaleError`` / ``ValueError`` naming the argument.
     """
-    p = make_grouped_problem(a, b, scale_a, scale_b, offsets, bias, out_dtype, check_values=True)
     if not _compiling():
-        return run_grouped_problem(p)
+        return run_grouped_problem(make_grouped_problem(a, b, scale_a, scale_b, offsets, bias, out_dtype, check_values=True))
+    validate_grouped(a, b, scale_a, scale_b, offsets, bias, out_dtype, check_values=True)
     return _grouped_op(a, b, scale_a, scale_b, offsets, bias, out_dtype)
 
 
