@@ -369,6 +369,10 @@ def weight_gb(model) -> float:
 
 #: The models of the model part (``--schemes``): BF16 and the FP8 preset it is compared with.
 SCHEMES = ("bf16", "fp8-dynamic")
+#: Scheme suffix: the FP8 model's q/k/v projections fused into one GEMM (``fp8_linear.fuse_projections``).
+FUSED = "+fused"
+#: Every ``--schemes`` name.
+SCHEME_CHOICES = SCHEMES + ("fp8-dynamic" + FUSED,)
 
 
 def each_model(cfg, layers, device, schemes=SCHEMES):
@@ -383,7 +387,11 @@ def each_model(cfg, layers, device, schemes=SCHEMES):
     for scheme in schemes:
         model = from_fields(cfg, layers, device)
         if scheme != "bf16":
-            model = quantize_model(model, None, scheme, progress=False, gptq=False)
+            model = quantize_model(model, None, scheme.removesuffix(FUSED), progress=False, gptq=False)
+            if scheme.endswith(FUSED):
+                from fp8_linear import fuse_projections
+
+                print(f"{scheme}: {fuse_projections(model)}".splitlines()[0])
         yield scheme, model
         del model
         torch.compiler.reset()
@@ -401,13 +409,12 @@ def model_part(cfg, layers, device, prefill, new, reps, compiled, quick: bool = 
     is called after each model (the rows so far: a run stopped by a time limit keeps them)."""
     rows = []
     modes = [True] if compiled and compiled_only else ([False, True] if compiled else [False])
-    variants_of = {"bf16": [("bf16", None)],
-                   "fp8-dynamic": [("fp8-dynamic grouped", None), ("fp8-dynamic per_expert", PER_EXPERT)]}
+    variants_of = {"bf16": [("bf16", None)]}
     start = last = time.perf_counter()
     for scheme, model in each_model(cfg, layers, device, schemes):
         build_s = time.perf_counter() - last  # the previous model's release, this one's construction and quantization
         print(f"{scheme}: {layers}-layer model built in {build_s:.1f} s")
-        variants = variants_of[scheme]
+        variants = variants_of.get(scheme, [(f"{scheme} grouped", None), (f"{scheme} per_expert", PER_EXPERT)])
         for mode in modes:
             for label, forced in variants:
                 if mode and (quick or compiled_only) and forced is not None:
@@ -543,7 +550,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-gemm", action="store_true", help="model part only")
     ap.add_argument("--schemes", default=",".join(SCHEMES),
                     help="models of the model part, comma-separated, run one after the other (default %(default)s; "
-                         "one per call splits a long full-depth run in two)")
+                         "one per call splits a long full-depth run in two; fp8-dynamic+fused: q/k/v fused)")
     ap.add_argument("--profile-prefill", action="store_true",
                     help="instead of the model timings: profile one eager prefill forward of BF16 and fp8-dynamic "
                          "(kernels by category, top kernels, host time and GPU span per module, host syncs)")
@@ -578,8 +585,8 @@ def main(argv=None) -> int:
     if not scales or any(s not in SCALES for s in scales):
         ap.error(f"--scales: expected a comma-separated subset of {SCALES}, got {args.scales!r}")
     schemes = tuple(x for x in args.schemes.split(",") if x)
-    if not schemes or any(x not in SCHEMES for x in schemes):
-        ap.error(f"--schemes: expected a comma-separated subset of {SCHEMES}, got {args.schemes!r}")
+    if not schemes or any(x not in SCHEME_CHOICES for x in schemes):
+        ap.error(f"--schemes: expected a comma-separated subset of {SCHEME_CHOICES}, got {args.schemes!r}")
     gemm_rows = [] if args.skip_gemm else gemm_part(cfg, decode, prefill_list, device, reps, scales)
     if gemm_rows:
         print_gemm_table(gemm_rows)

@@ -3,9 +3,9 @@ each FP8 scheme, the whole model FP8 and the experts alone.
 
 The model is the tiny Qwen3-MoE of the CPU tests (:data:`benchmarks.moe_bench.QUALITY_MOE`: 8 experts, top-2,
 hidden 128; ``--layers`` decoder layers, random weights from the config, bf16). A path is BF16 (transformers'
-experts), ``<scheme>`` (``quantize_model``: the attention ``FP8Linear`` layers and the ``FP8Experts``) or
+experts), ``<scheme>`` (``quantize_model``: the attention ``FP8Linear`` layers and the ``FP8Experts``),
 ``<scheme>+experts`` (only the experts FP8, the attention projections left BF16: what the experts module
-adds). Its static-cache decode step is compiled (``fullgraph=True``) with the backend of
+adds) or ``<scheme>+fused`` (the whole model, q/k/v fused by ``fp8_linear.fuse_projections``). Its static-cache decode step is compiled (``fullgraph=True``) with the backend of
 :mod:`benchmarks.compiled_call_overhead` that runs the graph once and then returns that result, so what a
 call costs afterwards is dynamo's guard evaluation, the collection of the graph's inputs and the replay of
 attribute stores. Each path runs in its own process. Per path (:func:`benchmarks.compiled_call_overhead.measure`'s
@@ -27,9 +27,11 @@ import time
 from benchmarks.compiled_call_overhead import count_guards, count_stores
 
 SCHEMES = ("fp8-tensor", "fp8-channel", "fp8-dynamic", "fp8-block")
-PATHS = ("bf16",) + SCHEMES + tuple(f"{s}+experts" for s in SCHEMES)
 #: Path suffix: only the experts modules FP8.
 EXPERTS_ONLY = "+experts"
+#: Path suffix: the whole model FP8, q/k/v fused (``fp8_linear.fuse_projections``).
+FUSED = "+fused"
+PATHS = ("bf16",) + SCHEMES + tuple(f"{s}{x}" for x in (EXPERTS_ONLY, FUSED) for s in SCHEMES)
 #: How a guard's or an input's source names an experts module (``...['mlp']._modules['experts']...``).
 EXPERTS_KEY = "['experts']"
 CACHE_LEN = 64
@@ -47,7 +49,8 @@ def build(path: str, layers: int):
     model = from_fields(QUALITY_MOE, layers, "cpu")
     if path == "bf16":
         return model
-    scheme, experts_only = (path[: -len(EXPERTS_ONLY)], True) if path.endswith(EXPERTS_ONLY) else (path, False)
+    experts_only, fused = path.endswith(EXPERTS_ONLY), path.endswith(FUSED)
+    scheme = path.removesuffix(EXPERTS_ONLY).removesuffix(FUSED)
     data = torch.tensor(list(corpus_text("calib").encode("utf-8"))[:4 * 64], dtype=torch.int64).reshape(4, 64)
     calib = list(data) if scheme in ("fp8-tensor", "fp8-channel") else None
     if experts_only:
@@ -56,7 +59,12 @@ def build(path: str, layers: int):
         batches = None if calib is None else [Batch(data, torch.ones_like(data))]
         quantize_experts(model, scheme, batches, progress=False)
         return model
-    return quantize_model(model, calib, scheme, progress=False, gptq=False)
+    model = quantize_model(model, calib, scheme, progress=False, gptq=False)
+    if fused:
+        from fp8_linear import fuse_projections
+
+        fuse_projections(model)
+    return model
 
 
 def _named(sources: list[str]) -> int:
