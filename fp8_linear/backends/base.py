@@ -158,21 +158,31 @@ SHARED_PLANS: dict[int, SharedPlan] = {}
 #: The backends of the shared plans, by slot.
 BACKEND_SLOTS: dict[int, "Backend"] = {}
 _shared_keys: dict[tuple, int] = {}
-_slots: dict[int, int] = {}  # id(backend) -> slot
+_slots: dict[int, int] = {}  # id(backend) -> slot (the backend is kept in BACKEND_SLOTS: its id stays its own)
 
 
 def shared_plan_key(backend: "Backend", spec: LinearSpec, generation: int) -> int:
     """The key of the :class:`SharedPlan` of ``(backend, spec, generation)`` in :data:`SHARED_PLANS`
     (made on first use)."""
+    # No lock (a re-plan may run inside a torch.compile trace, where a lock is a graph break): each dict
+    # operation below is atomic under the GIL, and two threads making the same entry at once both end up
+    # with the one that ``setdefault`` kept (the other's key maps to an equal object, unused).
     slot = _slots.get(id(backend))
     if slot is None:
-        slot = _slots[id(backend)] = len(BACKEND_SLOTS)
-        BACKEND_SLOTS[slot] = backend
+        slot = _new_key(BACKEND_SLOTS, backend)
+        slot = _slots.setdefault(id(backend), slot)
     ident = (slot, spec, generation)
     key = _shared_keys.get(ident)
     if key is None:
-        key = _shared_keys[ident] = len(SHARED_PLANS)
-        SHARED_PLANS[key] = SharedPlan(slot, spec, generation)
+        key = _shared_keys.setdefault(ident, _new_key(SHARED_PLANS, SharedPlan(slot, spec, generation)))
+    return key
+
+
+def _new_key(table: dict, value) -> int:
+    """A new integer key of ``table`` holding ``value`` (the smallest free one at the time)."""
+    key = len(table)
+    while table.setdefault(key, value) is not value:
+        key += 1
     return key
 
 
