@@ -201,9 +201,10 @@ class SiblingGroup:
     dict or parameter list sees it): the fused ``FP8Linear`` (``fused``), the member modules with their
     row ranges, and the per-forward cache (``_state``: the input the fused output was computed for,
     that output ``[..., N_total]`` and a bit per member already given its slice). Between forwards it
-    is ``None``: the class attribute, no instance attribute, so that a compiled forward, which adds the
-    instance attribute in the parent's pre-hook and deletes it in its closing hook, leaves no store to
-    replay. ``disabled_reason`` is set once the group stops fusing; ``key`` is its entry in the
+    is ``None``; a compiled forward replays one store of it per group (``self._state = None`` in the
+    parent's closing hook). Deleting the attribute instead, which would leave no store, made torch 2.11's
+    dynamo replay a ``del`` of an attribute the object did not have (AttributeError in compiled
+    static-cache ``generate`` on the H200, 2026-12-02; torch 2.13 on the CPU did not). ``disabled_reason`` is set once the group stops fusing; ``key`` is its entry in the
     registry a compiled forward reads (a copy gets a new one)."""
 
     _state = None
@@ -222,8 +223,9 @@ class SiblingGroup:
         self.exact_reason: str | None = None
         #: Why a forward showed that the members do not read one tensor, or None.
         self.runtime_reason: str | None = None
-        #: ``_state``: ``None`` outside the parent's forward; inside it :data:`_OPEN` (no round yet) or
+        #: ``None`` outside the parent's forward; inside it :data:`_OPEN` (no round yet) or
         #: ``(input, fused output or None once every member took its slice, bit per member served)``.
+        self._state = None
         self.key = _register(self)
 
     def __getstate__(self):
@@ -236,6 +238,7 @@ class SiblingGroup:
         are linked to the copied fused tensors again (``Parameter`` copies are independent clones: their views
         would be lost); the others do both in :meth:`FusedFP8Linear.__setstate__`."""
         self.__dict__.update(state)
+        self._state = None
         self.key = _register(self)
         for i, m in enumerate(self.__dict__.get("members", ())):
             if m.__dict__.get("_fusion") is self:
@@ -280,7 +283,7 @@ class SiblingGroup:
             if not torch.compiler.is_compiling():
                 logger.warning("fp8_linear: %s.{%s} no longer fused: %s", self.parent_name, ",".join(self.names),
                                self.runtime_reason)
-        del self._state  # back to the class's None
+        self._state = None
 
     # ------------------------------------------------------------------ tensors
     def link(self, index: int) -> None:

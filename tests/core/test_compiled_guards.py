@@ -5,8 +5,10 @@ one object reached by two paths) or an attribute store replayed after the graph 
 call of the compiled model. On a tiny Llama's compiled static-cache decode step (CPU, the emulated
 backend; ``benchmarks.compiled_call_overhead`` measures the same):
 
-- FP8 layers (plain and fused groups) add no Python guard per decoder layer and no replayed store: the
-  growth per layer of both equals BF16's, and no Python guard mentions a plan or a group;
+- FP8 layers (plain and fused groups) add no Python guard per decoder layer: the growth per layer equals
+  BF16's, and no Python guard mentions a plan or a group; plain FP8 layers add no replayed store, a fused
+  group at most one (its ``_state = None`` at the end of the parent's forward: fp8_linear/fusion.py says
+  why; torch 2.13 replays it, 2.11 does not);
 - each FP8Linear a forward runs costs two guards on its plan (its type and its shared plan's key), the
   plan's fields are guarded once per spec;
 - a deep copy of a fused model registers its own groups (new keys), its members view its own fused
@@ -50,11 +52,14 @@ def facts():
 
 
 @pytest.mark.parametrize("path", list(RUN_PER_LAYER))
-def test_fp8_layers_add_no_python_guard_or_store_per_layer(facts, path):
+def test_fp8_layers_add_no_python_guard_per_layer(facts, path):
     bf16 = facts["bf16", 2]["lambdas"] - facts["bf16", 1]["lambdas"]
     ours = facts[path, 2]["lambdas"] - facts[path, 1]["lambdas"]
     assert ours == bf16, f"{path}: {ours} Python guards per decoder layer, BF16 {bf16}"
-    assert facts[path, 1]["stores"] == facts[path, 2]["stores"] == facts["bf16", 2]["stores"]
+    groups = 2 if path.endswith("+fused") else 0  # q/k/v and gate/up of each decoder layer
+    stores = [facts[path, n]["stores"] - facts["bf16", n]["stores"] for n in (1, 2)]
+    # at most the groups' one store each (torch 2.13 replays it, 2.11 elides the store of an unchanged None)
+    assert all(0 <= s <= n * groups for n, s in zip((1, 2), stores)), f"{path}: {stores} stores beyond BF16's"
     python = [c for lam, c in facts[path, 2]["conds"] if lam and ("_plan" in c or "_fusion" in c or "GROUPS" in c)]
     assert not python, python[:3]
 
