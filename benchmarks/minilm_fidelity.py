@@ -1,4 +1,4 @@
-"""all-MiniLM-L6-v2 embedding fidelity under FP8 (issue 3's bar: mean cosine >= 0.999 with fp8-channel).
+"""all-MiniLM-L6-v2 embedding fidelity under FP8 (the bar: mean cosine >= 0.999 with fp8-channel).
 
     python benchmarks/minilm_fidelity.py [--sentences 1024] [--methods rtn gptq ...] [--out FILE]
 
