@@ -38,74 +38,14 @@ import subprocess
 import sys
 import time
 
+from benchmarks.common.dynamo_counts import (  # noqa: F401  (re-exported: tests and moe_call_overhead use them)
+    STORE_HELPER, count_guards, count_stores, guard_conditions, leaf_guards, time_calls)
+
 PATHS = ("bf16", "fp8-tensor", "fp8-channel", "fp8-dynamic")
 #: Path suffixes: the FP8 siblings fused (q/k/v, gate/up); lm_head FP8 too; the input embedding an FP8Embedding.
 FUSED, HEAD, EMB = "fused", "head", "emb"
 #: The small Llama: only the structure matters (layers, modules, tensors), not the width.
 CONFIG = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
-#: dynamo's helper that replays an attribute store of the traced code after the graph.
-STORE_HELPER = "object_setattr_ignore_descriptor"
-
-
-def leaf_guards(root):
-    """Every leaf guard of a dynamo guard tree (``cache_entry.guard_manager``) as ``(guard, is_lambda)``; the
-    epilogue's Python guards last."""
-    root = getattr(root, "root", root)  # torch's Python wrapper around the C++ root manager
-    todo = [root]
-    while todo:
-        m = todo.pop()
-        for g in m.get_leaf_guards():
-            yield g, "LAMBDA" in type(g).__name__
-        todo.extend(m.get_child_managers())
-        if hasattr(m, "get_key_value_managers"):  # a dict's managers hang off its key / value pairs
-            for pair in m.get_key_value_managers().values():
-                todo.extend(k for k in (pair if isinstance(pair, tuple) else (pair,)) if k is not None)
-    for g in root.get_epilogue_lambda_guards() if hasattr(root, "get_epilogue_lambda_guards") else []:
-        yield g, True
-
-
-def guard_conditions(root) -> list[tuple[bool, str]]:
-    """``(is_lambda, condition)`` of every condition a guard tree checks (a Python guard may check several)."""
-    return [(lam, part.split("  #")[0].strip()) for g, lam in leaf_guards(root) for part in g.verbose_code_parts()]
-
-
-def count_guards(root) -> tuple[int, int]:
-    """``(leaf guards, lambda guards)`` of a dynamo guard tree (``cache_entry.guard_manager``); a lambda guard
-    counts each condition it checks in Python."""
-    leaves = lambdas = 0
-    for g, lam in leaf_guards(root):
-        leaves += 1
-        if lam:
-            lambdas += max(1, len(g.verbose_code_parts()))
-    return leaves, lambdas
-
-
-def count_stores(call) -> int:
-    """Calls of dynamo's attribute-store helper during ``call()``."""
-    n = 0
-
-    def prof(frame, event, arg):
-        nonlocal n
-        if event == "call" and frame.f_code.co_name == STORE_HELPER:
-            n += 1
-
-    sys.setprofile(prof)
-    try:
-        call()
-    finally:
-        sys.setprofile(None)
-    return n
-
-
-def time_calls(step, kwargs: dict, calls: int) -> tuple[float, int]:
-    """``(fastest of calls single calls of step(**kwargs) in seconds, attribute stores replayed in one more)``
-    of an already compiled (warmed) ``step``."""
-    best = float("inf")
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        step(**kwargs)
-        best = min(best, time.perf_counter() - t0)
-    return best, count_stores(lambda: step(**kwargs))
 
 
 def frame_locals(fn, args: tuple, kwargs: dict) -> dict:

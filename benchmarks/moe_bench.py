@@ -61,7 +61,8 @@ from fp8_linear.grouped_gemm import (
 from fp8_linear.moe.grouped_backends import PER_EXPERT, SM90_GROUPED, TORCH_GROUPED
 
 from benchmarks.common.cuda_clock import is_cuda
-from benchmarks.common.random_model import from_fields
+from benchmarks.common.dynamo_counts import compile_seconds
+from benchmarks.common.random_model import QUALITY_MOE, from_fields
 from benchmarks.moe_loop import ScaledMMLoop
 from benchmarks.moe_profile import compile_counters
 
@@ -304,19 +305,6 @@ def cpu_compile_config():
     return config
 
 
-def compile_seconds() -> dict:
-    """Seconds dynamo and inductor spent compiling since the last ``torch._dynamo.utils.compilation_time_metrics``
-    clear: ``dynamo_s`` (tracing and the backend, the whole compile of each frame) and ``inductor_s`` (inductor's
-    lowering, code generation and kernel compilation, part of ``dynamo_s``); ``None`` where not recorded."""
-    from torch._dynamo.utils import compilation_time_metrics as m
-
-    def total(*keys):
-        vals = [sum(v) for k, v in m.items() if any(k.endswith(x) for x in keys)]
-        return round(sum(vals), 2) if vals else None
-
-    return dict(dynamo_s=total("compile_inner"), inductor_s=total("compile_fx_inner"))
-
-
 def model_times(model, device, prefill: int, new: int, reps: int, compiled: bool) -> dict:
     """Prefill tokens/s (one forward of ``[1, prefill]``, eager) and decode tokens/s at batch 1 (greedy
     ``generate``); compiled: transformers' static-cache compiled decode (``torch.compile`` mode
@@ -491,10 +479,6 @@ def print_model_table(rows: list[dict]) -> None:
 # ------------------------------------------------------------------------------------------- quality (CPU)
 #: ``--quality``: a 2-layer Qwen3-MoE with 8 experts (top-2) at hidden 128, and its dense twin (Qwen3 of the same
 #: dims); vocabulary = the 256 byte values, text = ``pydoc_data.topics`` as UTF-8 bytes (calibration / eval splits).
-QUALITY_MOE = dict(model_type="qwen3_moe", vocab_size=256, hidden_size=128, intermediate_size=256,
-                   moe_intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                   head_dim=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
-                   max_position_embeddings=512, tie_word_embeddings=False)
 QUALITY_DENSE_DROP = ("moe_intermediate_size", "num_experts", "num_experts_per_tok", "norm_topk_prob")
 
 

@@ -1,7 +1,7 @@
 """Host cost of one call of the compiled decode step of a MoE model, apart from running it: BF16 against
 each FP8 scheme, the whole model FP8 and the experts alone.
 
-The model is the tiny Qwen3-MoE of the CPU tests (:data:`benchmarks.moe_bench.QUALITY_MOE`: 8 experts, top-2,
+The model is the tiny Qwen3-MoE of the CPU tests (:data:`benchmarks.common.random_model.QUALITY_MOE`: 8 experts, top-2,
 hidden 128; ``--layers`` decoder layers, random weights from the config, bf16). A path is BF16 (transformers'
 experts), ``<scheme>`` (``quantize_model``: the attention ``FP8Linear`` layers and the ``FP8Experts``),
 ``<scheme>+experts`` (only the experts FP8, the attention projections left BF16: what the experts module
@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.compiled_call_overhead import count_guards, count_stores
+from benchmarks.common.dynamo_counts import count_guards, count_stores
 
 SCHEMES = ("fp8-tensor", "fp8-channel", "fp8-dynamic", "fp8-block")
 #: Path suffix: only the experts modules FP8.
@@ -41,8 +41,7 @@ def build(path: str, layers: int):
     """The model of ``path`` (module docstring), bf16 on the CPU, with generate's padding set."""
     import torch
 
-    from benchmarks.moe_bench import QUALITY_MOE
-    from benchmarks.common.random_model import from_fields
+    from benchmarks.common.random_model import QUALITY_MOE, from_fields
     from fp8_linear import quantize_model
     from fp8_linear.calibration.data import Batch, corpus_text
 
@@ -132,14 +131,14 @@ def compile_time(path: str, layers: int, backend: str = "inductor") -> dict:
     ``wall_s``; ``cpu_s`` (this process's CPU time: dynamo, AOTAutograd and inductor's Python, which is what
     grows with the layers) and ``children_s`` (the C++ / Triton compiler processes inductor starts, of kernels
     that repeat across identical layers once each); ``dynamo_s`` / ``inductor_s`` as
-    :func:`benchmarks.moe_bench.compile_seconds`. Run it with a fresh ``TORCHINDUCTOR_CACHE_DIR``."""
+    :func:`benchmarks.common.dynamo_counts.compile_seconds`. Run it with a fresh ``TORCHINDUCTOR_CACHE_DIR``."""
     import os
 
     import torch
     from torch._dynamo.utils import compilation_time_metrics
     from transformers import StaticCache
 
-    from benchmarks.moe_bench import compile_seconds
+    from benchmarks.common.dynamo_counts import compile_seconds
 
     model = build(path, layers)
     torch._dynamo.reset()

@@ -21,6 +21,12 @@ MODELS = {
 #: ``tiny=True``: a small model of the same architecture (fields replacing those of :data:`MODELS`).
 TINY = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=1024, num_hidden_layers=2)
+#: The tiny Qwen3-MoE of the CPU quality and host-cost runs (8 experts, top-2; ``moe_bench --quality``,
+#: ``moe_call_overhead``).
+QUALITY_MOE = dict(model_type="qwen3_moe", vocab_size=256, hidden_size=128, intermediate_size=256,
+                   moe_intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                   max_position_embeddings=512, tie_word_embeddings=False)
 
 
 def full_depth(name: str, tiny: bool = False) -> int:
