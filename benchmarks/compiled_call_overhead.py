@@ -39,7 +39,7 @@ import sys
 import time
 
 from benchmarks.common.dynamo_counts import (  # noqa: F401  (re-exported: tests and moe_call_overhead use them)
-    STORE_HELPER, count_guards, count_stores, guard_conditions, leaf_guards, time_calls)
+    STORE_HELPER, count_guards, count_stores, decode_step_inputs, guard_conditions, leaf_guards, time_calls)
 
 PATHS = ("bf16", "fp8-tensor", "fp8-channel", "fp8-dynamic")
 #: Path suffixes: the FP8 siblings fused (q/k/v, gate/up); lm_head FP8 too; the input embedding an FP8Embedding.
@@ -83,7 +83,7 @@ def compiled_step(path: str, layers: int):
     the graph's input count, and the model's cache entry serves it (:func:`steady_entry`)."""
     import torch
     from torch import nn
-    from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     from fp8_linear import FP8Linear, fuse_projections
     from fp8_linear.embedding import FP8Embedding
@@ -111,9 +111,7 @@ def compiled_step(path: str, layers: int):
         return lambda *args: out
 
     step = torch.compile(model.forward, backend=run_once, fullgraph=True)
-    pos = torch.tensor([3])
-    kw = dict(input_ids=torch.zeros(1, 1, dtype=torch.long), past_key_values=StaticCache(config=cfg, max_cache_len=64),
-              cache_position=pos, position_ids=pos[None], use_cache=True)
+    kw = decode_step_inputs(cfg, 64)
     with torch.inference_mode():
         step(**kw)
         step(**kw)

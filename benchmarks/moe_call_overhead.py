@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.common.dynamo_counts import count_guards, count_stores
+from benchmarks.common.dynamo_counts import count_guards, decode_step_inputs, time_calls
 
 SCHEMES = ("fp8-tensor", "fp8-channel", "fp8-dynamic", "fp8-block")
 #: Path suffix: only the experts modules FP8.
@@ -90,7 +90,6 @@ def measure(path: str, layers: int, calls: int) -> dict:
     """One path's row (module docstring), in this process."""
     import torch
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-    from transformers import StaticCache
 
     model = build(path, layers)
     seen = {}
@@ -103,19 +102,11 @@ def measure(path: str, layers: int, calls: int) -> dict:
 
     torch._dynamo.reset()
     step = torch.compile(model.forward, backend=run_once, fullgraph=True)
-    pos = torch.tensor([3])
-    kw = dict(input_ids=torch.zeros(1, 1, dtype=torch.long),
-              past_key_values=StaticCache(config=model.config, max_cache_len=CACHE_LEN),
-              cache_position=pos, position_ids=pos[None], use_cache=True)
-    best = float("inf")
+    kw = decode_step_inputs(model.config, CACHE_LEN)
     with torch.inference_mode():
         step(**kw)
         step(**kw)
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            step(**kw)
-            best = min(best, time.perf_counter() - t0)
-        stores = count_stores(lambda: step(**kw))
+        best, stores = time_calls(step, kw, calls)
     fn = model.forward
     entries = _debug_get_cache_entry_list(getattr(fn, "__func__", fn).__code__)
     guards, lambdas = count_guards(entries[0].guard_manager) if entries else (-1, -1)
@@ -136,7 +127,6 @@ def compile_time(path: str, layers: int, backend: str = "inductor") -> dict:
 
     import torch
     from torch._dynamo.utils import compilation_time_metrics
-    from transformers import StaticCache
 
     from benchmarks.common.dynamo_counts import compile_seconds
 
@@ -144,10 +134,7 @@ def compile_time(path: str, layers: int, backend: str = "inductor") -> dict:
     torch._dynamo.reset()
     compilation_time_metrics.clear()
     step = torch.compile(model.forward, backend=backend, fullgraph=True)
-    pos = torch.tensor([3])
-    kw = dict(input_ids=torch.zeros(1, 1, dtype=torch.long),
-              past_key_values=StaticCache(config=model.config, max_cache_len=CACHE_LEN),
-              cache_position=pos, position_ids=pos[None], use_cache=True)
+    kw = decode_step_inputs(model.config, CACHE_LEN)
     t0, c0 = time.perf_counter(), os.times()
     with torch.inference_mode():
         step(**kw)

@@ -204,10 +204,9 @@ class SiblingGroup:
     is ``None``; a compiled forward replays one store of it per group (``self._state = None`` in the
     parent's closing hook). Deleting the attribute instead, which would leave no store, made torch 2.11's
     dynamo replay a ``del`` of an attribute the object did not have (AttributeError in compiled
-    static-cache ``generate`` on the H200, 2026-12-02; torch 2.13 on the CPU did not). ``disabled_reason`` is set once the group stops fusing; ``key`` is its entry in the
-    registry a compiled forward reads (a copy gets a new one)."""
-
-    _state = None
+    static-cache ``generate`` on the H200, 2026-12-02; torch 2.13 on the CPU did not).
+    ``disabled_reason`` is set once the group stops fusing; ``key`` is its entry in the registry a compiled
+    forward reads (a copy gets a new one)."""
 
     def __init__(self, parent_name: str, names: tuple[str, ...], members: list[FP8Linear], fused: FP8Linear):
         self.parent_name, self.names, self.members, self.fused = parent_name, names, members, fused
@@ -242,8 +241,13 @@ class SiblingGroup:
         self.key = _register(self)
         for i, m in enumerate(self.__dict__.get("members", ())):
             if m.__dict__.get("_fusion") is self:
-                m.__dict__["_fusion_slot"] = (self.key, *m.__dict__["_fusion_slot"][1:])
-                self.link(i)
+                self.adopt(m, i)
+
+    def adopt(self, member: "FusedFP8Linear", index: int) -> None:
+        """``member`` (a copy's member ``index``) takes this group's key into its ``_fusion_slot`` and views
+        its fused tensors again (:meth:`link`)."""
+        member.__dict__["_fusion_slot"] = (self.key, *member.__dict__["_fusion_slot"][1:])
+        self.link(index)
 
     # ------------------------------------------------------------------ calls
     def run(self, index: int, start: int, stop: int, member: FP8Linear, x):
@@ -361,7 +365,7 @@ class SiblingGroup:
             for attr in ("_fusion", "_fusion_index", "_fusion_slot"):
                 m.__dict__.pop(attr, None)
             m._try_prepare()
-        self.__dict__.pop("_state", None)
+        self._state = None
         _GROUPS.pop(self.key, None)
 
 
@@ -394,8 +398,7 @@ class FusedFP8Linear(FP8Linear):
         super().__setstate__(state)
         group = self.__dict__.get("_fusion")
         if group is not None and "key" in group.__dict__:
-            self.__dict__["_fusion_slot"] = (group.key, *self.__dict__["_fusion_slot"][1:])
-            group.link(self._fusion_index)
+            group.adopt(self, self._fusion_index)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         """Each member's tensors as independent contiguous copies (unless ``keep_vars``): the state dict,

@@ -143,12 +143,14 @@ class FP8Linear(nn.Module):
         except IndexError:  # a 0-d tensor
             k = None
         w = self._parameters["weight"]
-        if _compiling():
-            return _traced_forward(self, x, k, w)
-        if k != self.in_features:
-            raise ShapeError(f"x: expected last dimension {self.in_features}, got shape {list(x.shape)}")
+        traced = _compiling()
+        want = w.shape[1] if traced else self.in_features  # traced: a static fact of the weight's tensor guard
+        if k != want:
+            raise ShapeError(f"x: expected last dimension {want}, got shape {list(x.shape)}")
         if x.device != w.device:
             raise ValueError(f"x: expected device {w.device} (that of weight), got {x.device}")
+        if traced:
+            return _traced_forward(self, x, w)
         plan = self._plan
         if plan is None or plan.weight is not w or plan.generation != settings.GENERATION:
             plan = self.prepare()
@@ -258,19 +260,15 @@ class FP8Linear(nn.Module):
         )
 
 
-def _traced_forward(self: "FP8Linear", x: torch.Tensor, k, w: torch.Tensor) -> torch.Tensor:
+def _traced_forward(self: "FP8Linear", x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """:meth:`FP8Linear.forward` as ``torch.compile`` traces it: what dynamo must guard on every call of the compiled
     model is one integer of this layer (its plan's ``key``) beside its tensors. The plan's backend, spec
     and generation are read from the module-level ``SHARED_PLANS`` / ``BACKEND_SLOTS`` (one source for
-    every layer of one spec: guarded once per spec, no aliasing check per layer); the input's width is
-    checked against the weight's shape (a static fact of the tensor guard). No object-identity test
+    every layer of one spec: guarded once per spec, no aliasing check per layer); the caller checked the
+    input's width against the weight's shape (a static fact of the tensor guard). No object-identity test
     either: a replaced weight of another device, dtype or shape fails dynamo's tensor guards, recompiles,
     and is re-planned here; one with the same properties is read fresh from ``_parameters`` by the
     backend's ops, as the plan allows."""
-    if k != w.shape[1]:
-        raise ShapeError(f"x: expected last dimension {w.shape[1]}, got shape {list(x.shape)}")
-    if x.device != w.device:
-        raise ValueError(f"x: expected device {w.device} (that of weight), got {x.device}")
     plan = self._plan
     shared = None if plan is None else SHARED_PLANS[plan.key]
     if shared is None or shared.generation != settings.GENERATION or not _spec_fits(shared.spec, w):

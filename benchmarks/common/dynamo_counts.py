@@ -83,3 +83,16 @@ def compile_seconds() -> dict:
         return round(sum(vals), 2) if vals else None
 
     return dict(dynamo_s=total("compile_inner"), inductor_s=total("compile_fx_inner"))
+
+
+def decode_step_inputs(config, cache_len: int) -> dict:
+    """Keyword arguments of one decode step of a transformers causal LM of ``config`` at batch 1 (one token at
+    position 3 of a static cache of ``cache_len``), as transformers' compiled ``generate`` calls the forward."""
+    import torch
+    from transformers import StaticCache
+
+    pos = torch.tensor([3])
+    return dict(input_ids=torch.zeros(1, 1, dtype=torch.long),
+                past_key_values=StaticCache(config=config, max_cache_len=cache_len),
+                cache_position=pos, position_ids=pos[None], use_cache=True)
+

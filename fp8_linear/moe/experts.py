@@ -153,6 +153,7 @@ class FP8Experts(nn.Module):
         # (a guard per key read), no attribute looked up with a default (a guard per module dict searched).
         self.activation_mode = "static" if scheme.static else scheme.activation_granularity
         self.has_gate = lay["has_gate"]
+        self.first_projection = lay["first"]
         self.is_concatenated = lay["concatenated"]
         self.has_post_expert_norm = bool(getattr(src, "has_post_expert_norm", False))
         fp8 = resolve_format(scheme.fmt)
@@ -379,9 +380,8 @@ def fp8_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_inde
     hist_in = sorted_ids.float() if x.device.type in ("cpu", "mps") else sorted_ids.int()
     counts = torch.histc(hist_in, bins=e, min=0, max=e - 1)
     offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
-    gated = self.has_gate
-    h = project(self, "gate_up_proj" if gated else "up_proj", xs, sorted_ids, offsets)
-    h = self._apply_gate(h) if gated else self.act_fn(h)
+    h = project(self, self.first_projection, xs, sorted_ids, offsets)
+    h = self._apply_gate(h) if self.has_gate else self.act_fn(h)
     y = project(self, "down_proj", h, sorted_ids, offsets)
     if self.has_post_expert_norm:
         y = self.post_expert_norm(y)
