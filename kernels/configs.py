@@ -134,8 +134,8 @@ SWAPPED_LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = tuple(
 #: wherever N has at least SWAP64_DBL_MIN_N_BLOCKS row blocks or K at least SWAP64_DBL_MIN_K; below both
 #: (a few small k-blocks per tile) config 7 stays ahead. Block scales too since v40 (its block instances:
 #: one promotion per k-block against the four of config 3, swap128x64_4acc, which it replaced for block
-#: scales and which was then removed; 168 registers, 0 spills; docs/kernel-log.md v40). Measured (H200, 2026-12-01, `python -m benchmarks.gemm_bench --mode decode --quick --configs 3,16`,
-#: M = 64, us, config 16 / the previous choice): 8B qkv 12.7 / 14.3 (7), o 12.2 / 13.5 (7), down 23.5 /
+#: scales and which was then removed; 168 registers, 0 spills; docs/kernel-log.md v40). Measured (H200,
+#: 2026-12-01, `python -m benchmarks.gemm_bench --mode decode --quick --configs 3,16`, M = 64, us, config 16 / the previous choice): 8B qkv 12.7 / 14.3 (7), o 12.2 / 13.5 (7), down 23.5 /
 #: 26.9 (7, split K), gate_up 36.9 / 38.0 (3); 70B qkv 27.6 / 28.7, o 22.8 / 27.3, gate_up 127.9 / 139.9,
 #: down 62.7 / 82.8 (3); Qwen2.5-0.5B down (N 896, K 4864) 12.6 / 14.6 (7), qkv (1152 x 896) 6.6 / 6.0 and
 #: o (896 x 896) 6.5 / 5.9 (7 ahead).
@@ -174,8 +174,8 @@ ROWS64_IDS = tuple(ROWS64_TWIN.values())
 #: 2026-12-02, `python -m benchmarks.gemm_bench --mode decode --ms 64,128,256,512 --columns ours,cublas_t
 #: --configs 20,14,19`, h200-2026-12-02-v39-config20-decode.json): 0.74-0.82 of the tile config's time on
 #: all 21 such (layer, M) cells of the decode set (Qwen2.5-14B o at M = 128: 15.38 -> 12.44 us, cuBLASLt
-#: 10.50; Llama-3.1-8B o at 256: 14.03 -> 10.76, cuBLASLt 10.48); 1.24-1.55 where its grid takes a second
-#: wave (Llama-3.1-70B qkv at M = 128, 160 tiles: 1.34), 0.87-1.27 against a split choice (kept: the
+#: 10.50; Llama-3.1-8B o at 256: 14.03 -> 10.76, cuBLASLt 10.48); 0.96-1.55 (geomean 1.28) where its grid
+#: takes a second wave (Llama-3.1-70B qkv at M = 128, 160 tiles: 1.34), 0.87-1.27 against a split choice (kept: the
 #: split keeps a long K on more SMs). M = 1024 was not measured, so the rule stops at 512.
 ROWS64_WIDE_CONFIG = 20
 ROWS64_WIDE_MIN_M = 64
