@@ -31,9 +31,14 @@
 #include "act_quant.h"
 #include "act_quant_plan.h"
 #include "pdl.h"
+#include "sm90_ptx.cuh"  // smem_u32 and the mbarrier wrappers
 
 namespace fp8act {
 namespace {
+using fp8sm90::fence_mbar_init;
+using fp8sm90::mbar_arrive_expect_tx;
+using fp8sm90::mbar_init;
+using fp8sm90::smem_u32;
 
 constexpr int kGroupWarps = 4;    // warps (= groups in flight) per group CTA
 constexpr int64_t kMaxGridY = 65535;
@@ -288,23 +293,22 @@ __device__ __forceinline__ unsigned cluster_rank() {
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
   return r;
 }
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ unsigned peer_addr(const void* local, unsigned peer) {
   unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(local)), "r"(peer));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(local)), "r"(peer));
   return remote;
 }
 // One thread, before the cluster barrier's arrive that the peers wait on before their first st.async.
 __device__ __forceinline__ void mbar_init_expect(uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+  mbar_init(bar, 1);
+  fence_mbar_init();
+  mbar_arrive_expect_tx(bar, bytes);
 }
 __device__ __forceinline__ void mbar_wait_phase0(uint64_t* bar) {
   asm volatile(
       "{\n.reg .pred done;\nAQ_WAIT_%=:\n"
       "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], 0;\n"
-      "@!done bra AQ_WAIT_%=;\n}" ::"r"(smem_addr(bar))
+      "@!done bra AQ_WAIT_%=;\n}" ::"r"(smem_u32(bar))
       : "memory");
 }
 
