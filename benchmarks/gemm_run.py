@@ -162,13 +162,19 @@ def calls_for(plan, ops: Operands, forced: list, na: dict) -> dict:
     if "bf16" in cols:
         abf, bbf = a.to(bf), b.to(bf)
         built["bf16"] = lambda: torch.matmul(abf, bbf.t())
+    # block mode: forced configs and split factors run the block-scaled instances (a config oracle for
+    # fine-grained scales); the other modes: per-tensor scales
+    sa_f, sb_f = (ops.sa_group, ops.sb_block) if plan.mode == "block" else (ops.s1, ops.s2)
     for cfg in (forced if plan.mode != "raster" else []):
         lab = U.config_label(cfg)
-        built[f"cfg{lab}"] = U.ours_call(a, b, ops.s1, ops.s2, config=cfg, splits=1 if plan.mode == "splitk" else None)
+        if plan.mode == "block" and not cfg.block_scales:
+            na[f"cfg{lab}"] = "no block-scaled instances"
+            continue
+        built[f"cfg{lab}"] = U.ours_call(a, b, sa_f, sb_f, config=cfg, splits=1 if plan.mode == "splitk" else None)
         if "ours_ch" in cols:
             built[f"cfg{lab}_ch"] = U.ours_call(a, b, ops.s1, ops.sb_row, config=cfg)
     for s in plan.splits:
-        built[f"s{s}"] = U.ours_call(a, b, ops.s1, ops.s2, splits=s)
+        built[f"s{s}"] = U.ours_call(a, b, sa_f, sb_f, splits=s)
     for v in plan.env_values:
         built[f"env{v}"] = with_env(U.ours_call(a, b, ops.s1, ops.s2), plan.env_name, v)
     for cfg in (forced if plan.mode == "raster" else []):

@@ -49,11 +49,14 @@ def chosen(m: int, n: int, k: int, scale_a: torch.Tensor, out_dtype: torch.dtype
 
 def ours_call(a, b, scale_a, scale_b, config=None, splits: int | None = None, out_dtype=OUT_DTYPE):
     """Our kernel on ``a`` [M, K], ``b`` [N, K] (FP8) with per-tensor ``[1]`` or per-row ``[rows]``
-    / ``[rows, 1]`` fp32 scales; ``config`` a config (``None``: the kernel's choice), ``splits`` a
-    split-K factor (``None``: the kernel's choice, 1: off)."""
+    / ``[rows, 1]`` fp32 scales, or fine-grained ones (1x128 ``[M, ceil(K/128)]`` with 128x128
+    ``[ceil(N/128), ceil(K/128)]``, kept 2-D: the block-scaled instances); ``config`` a config (``None``:
+    the kernel's choice), ``splits`` a split-K factor (``None``: the kernel's choice, 1: off)."""
     kern = kernels()
     out = torch.empty(a.shape[0], b.shape[0], device=a.device, dtype=out_dtype)
-    sa, sb = scale_a.reshape(-1), scale_b.reshape(-1)
+    m, n, k = a.shape[0], b.shape[0], a.shape[1]
+    block = kern.is_block_scaled(scale_a, scale_b, m, n, k)
+    sa, sb = (scale_a, scale_b) if block else (scale_a.reshape(-1), scale_b.reshape(-1))
     cid = -1 if config is None else config.id
     return lambda: kern.sm90_gemm_out(a, b, sa, sb, None, out, cid, False, splits)
 
