@@ -248,7 +248,7 @@ MIN_KB_PER_SPLIT_LONG_K = 48
 #: tiles, 64 k-blocks) 22.0 us unsplit, 20.4 in 2 ranges of 32; the one-launch split of v33 took Llama-3.1-8B
 #: down (64 tiles, 2 ranges of 56) from 42.7 to 31.3 us (docs/kernel-log.md v33). M = 512 not measured split.
 MIN_KB_PER_SPLIT_LONG_K_LARGE_M = 32
-#: Where the rule above splits on a swapped 128-row config (1, 2, 3, 16: decode M, N at most a quarter of the
+#: Where the rule above splits on a swapped 128-row config (1, 2, 16: decode M, N at most a quarter of the
 #: SMs' tiles), the factor takes ranges of at least this many k-blocks (the decision stays with
 #: MIN_KB_PER_SPLIT: at K = 4096 two splits of 16 lost). Measured (v30 sweep, H200, 2026-12-01, `python -m
 #: benchmarks.gemm_bench --mode splitk --set decode --ms 1,2,4,8,16,32,64,128 --splits 2,3,4,6,8 --configs
@@ -426,7 +426,7 @@ def select_splits(config: KernelConfig, m: int, n: int, k: int, num_sms: int = 1
     ROWS64_MAX_M; long-K projections at M = 128-512); each split writes
     its fp32 partial sums to a workspace and the last split of each tile sums them and runs the epilogue
     (one launch, ``sm90_epilogue.cuh`` split_fixup).
-    Only configs with split-K kernel instances (``split_k``: 1, 2, 3, 7, 10, 16-19) split. ``FP8_LINEAR_SM90_SPLITS`` overrides (as an
+    Only configs with split-K kernel instances (``split_k``: 1, 2, 7, 10, 16-19) split. ``FP8_LINEAR_SM90_SPLITS`` overrides (as an
     upper bound; 1 turns split K off).
     """
     if not config.split_k:
