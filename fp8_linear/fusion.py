@@ -362,7 +362,7 @@ class SiblingGroup:
                 if t is not None:
                     mp[name] = nn.Parameter(t.detach().clone(), requires_grad=False)
             m.__class__ = FP8Linear
-            for attr in ("_fusion", "_fusion_index", "_fusion_slot"):
+            for attr in ("_fusion", "_fusion_slot"):
                 m.__dict__.pop(attr, None)
             m._try_prepare()
         self._state = None
@@ -398,7 +398,7 @@ class FusedFP8Linear(FP8Linear):
         super().__setstate__(state)
         group = self.__dict__.get("_fusion")
         if group is not None and "key" in group.__dict__:
-            group.adopt(self, self._fusion_index)
+            group.adopt(self, self._fusion_slot[1])
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         """Each member's tensors as independent contiguous copies (unless ``keep_vars``): the state dict,
@@ -419,7 +419,7 @@ class FusedFP8Linear(FP8Linear):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
         group = self.__dict__.get("_fusion")
         if group is not None:
-            group.sync_member(self._fusion_index)
+            group.sync_member(self._fusion_slot[1])
 
     def _apply(self, fn, recurse=True):
         """Device moves and casts: ``fn`` applies to the group's fused layer (each member applies it; on a
@@ -430,7 +430,7 @@ class FusedFP8Linear(FP8Linear):
             return super()._apply(fn, recurse)
         group.fused._apply(fn)
         out = super()._apply(fn, recurse)
-        group.link(self._fusion_index)
+        group.link(self._fusion_slot[1])
         return out
 
     def extra_repr(self) -> str:
@@ -438,7 +438,7 @@ class FusedFP8Linear(FP8Linear):
         base = super().extra_repr()
         if group is None:
             return base
-        start, stop = group.bounds[self._fusion_index]
+        _, _, start, stop = self._fusion_slot
         state = "fused" if group.enabled else "unfused at run time"
         return f"{base}, {state} with {'/'.join(group.names)} (rows {start}:{stop} of {group.bounds[-1][1]})"
 
@@ -517,7 +517,6 @@ def _attach(model: nn.Module, parent_name: str, names: tuple[str, ...]) -> Fused
     for i, m in enumerate(members):
         m.__class__ = FusedFP8Linear
         m.__dict__["_fusion"] = group
-        m.__dict__["_fusion_index"] = i
         m.__dict__["_fusion_slot"] = (group.key, i, *group.bounds[i])
         group.link(i)
     if _GROUPS_ATTR not in parent.__dict__:

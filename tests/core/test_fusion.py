@@ -377,6 +377,47 @@ def test_unfuse_restores_tensors_bitwise(preset):
     assert attn.q_proj.weight.untyped_storage().data_ptr() != attn.k_proj.weight.untyped_storage().data_ptr()
 
 
+def test_member_slot_is_its_one_fusion_record():
+    """A member's ``_fusion_slot`` ``(key, index, start, stop)`` is all it records of its group: the index
+    and rows are its position and the running sum of the out_features before it (recomputed here), and
+    the paths that read the index (copy, load, move, repr) touch that member's rows and no other's."""
+    # per-tensor member scales (a load copies them into the fused vector), biases (a cast makes a new fused bias)
+    model, _ = _llama("fp8-tensor", attention_bias=True, mlp_bias=True)
+    fuse_projections(model)
+
+    def check(m: nn.Module) -> None:
+        for g in fusion_groups(m):
+            start = 0
+            for i, (name, member) in enumerate(zip(g.names, g.members)):
+                stop = start + member.out_features
+                assert member.__dict__["_fusion_slot"] == (g.key, i, start, stop)
+                assert not [a for a in member.__dict__ if a.startswith("_fusion") and a not in ("_fusion", "_fusion_slot")]
+                assert member.weight.data_ptr() == g.fused.weight[start:stop].data_ptr(), name
+                assert member.bias.data_ptr() == g.fused.bias[start:stop].data_ptr(), name
+                assert f"(rows {start}:{stop} of {g.bounds[-1][1]})" in member.extra_repr()
+                start = stop
+
+    check(model)
+    dup = copy.deepcopy(model)
+    check(dup)
+    k = dup.model.layers[1].self_attn.k_proj  # index 1: a load writes its rows of the copy's buffer only
+    g = k._fusion
+    before = [g.fused.weight.float().clone(), g.fused.weight_scale.clone()]
+    new = [k.weight.float().flip(1).to(k.weight.dtype), k.weight_scale * 2]
+    k.load_state_dict({**k.state_dict(), "weight": new[0], "weight_scale": new[1]})
+    _, _, start, stop = k._fusion_slot
+    assert torch.equal(g.fused.weight[start:stop].float(), new[0].float())
+    assert torch.equal(g.fused.weight_scale[start:stop], new[1].reshape(1, 1).expand(stop - start, 1))
+    for fused, old in zip((g.fused.weight.float(), g.fused.weight_scale), before):
+        assert torch.equal(fused[:start], old[:start]) and torch.equal(fused[stop:], old[stop:])
+    check(dup.to(torch.bfloat16))
+    lone = copy.deepcopy(k)  # copied alone, its group and siblings with it: it views the copied buffer's rows
+    assert lone._fusion is not g and lone._fusion.members[1] is lone
+    check(nn.ModuleList([lone]))
+    assert unfuse_projections(dup) == 4
+    assert not [a for m in dup.modules() for a in m.__dict__ if a.startswith("_fusion")]
+
+
 def test_load_state_dict_moves_and_deepcopy():
     model, ids = _llama("fp8-tensor")
     other, _ = _llama("fp8-tensor")
