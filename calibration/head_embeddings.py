@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from fp8_linear.checkpoint.plan import ignore_patterns
 from fp8_linear.embedding import EMBEDDING_FP8, FP8Embedding, tie_to_head
 from fp8_linear.formats import resolve_format
 from fp8_linear.scheme import PRESETS, QuantScheme
@@ -85,8 +86,6 @@ def plan_head_embeddings(model: nn.Module, scheme: QuantScheme, ignore: Iterable
     for nm, v in (("quantize_lm_head", quantize_lm_head), ("quantize_embeddings", quantize_embeddings)):
         if not isinstance(v, bool):
             raise TypeError(f"{nm}: expected True or False, got {v!r}")
-    from .quantize import ignore_patterns  # here: quantize imports this module
-
     ignore = ignore_patterns(ignore)
     if not (quantize_lm_head or quantize_embeddings):
         return HeadEmbeddingPlan(ignore)

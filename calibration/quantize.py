@@ -21,6 +21,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from fp8_linear.checkpoint.plan import ignore_patterns
 from fp8_linear.errors import CalibrationError
 from fp8_linear.module import FP8Linear
 from fp8_linear.scheme import QuantScheme, resolve_scheme
@@ -54,20 +55,6 @@ def _tied_weight_ids(model: nn.Module) -> set[int]:
         for p in m.parameters(recurse=False):
             owners[id(p)] = owners.get(id(p), 0) + 1
     return {pid for pid, n in owners.items() if n > 1}
-
-
-def ignore_patterns(ignore) -> tuple[str, ...]:
-    """``ignore`` (one pattern, an iterable of them, or None) as a tuple of strings: exact module names,
-    ``re:<regex>`` or class names. Raises ``TypeError`` naming ``ignore`` for anything else."""
-    if isinstance(ignore, str):
-        ignore = (ignore,)
-    try:
-        patterns = tuple(ignore or ())
-    except TypeError:
-        patterns = (ignore,)
-    if not all(isinstance(p, str) for p in patterns):
-        raise TypeError(f"ignore: expected module names or 're:' patterns (strings), got {ignore!r}")
-    return patterns
 
 
 def select_linears(model: nn.Module, ignore: Iterable[str] = DEFAULT_IGNORE) -> dict[str, nn.Linear]:

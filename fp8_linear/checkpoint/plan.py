@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import re
 from dataclasses import dataclass, field
 
 import regex
@@ -55,6 +56,35 @@ def check_patterns(patterns, style: str, where: str) -> list[str]:
     if not isinstance(patterns, list):
         raise CheckpointError(f"{where}: expected a list of module names or patterns, got {patterns!r:.200}")
     return [check_pattern(p, style, f"{where}[{i}]") for i, p in enumerate(patterns)]
+
+
+def ignore_patterns(ignore, where: str = "ignore", python_re: bool = True) -> tuple[str, ...]:
+    """The ``ignore`` argument of ``quantize_model``, ``FP8LinearConfig``, ``quantize_fused_experts`` and
+    the CLI's ``--ignore`` (one pattern, an iterable of them, or ``None``) as a tuple of ``ct``-style
+    patterns: exact module names, class names, ``re:<regex>`` (``re.match`` semantics). ``where`` names
+    the argument in messages.
+
+    Raises ``TypeError`` for anything but non-empty strings, ``ValueError`` for an ``re:`` pattern that the
+    ``regex`` engine of :func:`pattern_matches` does not compile, or, with ``python_re`` (callers that also
+    match with ``re.match``: ``quantize_model``'s Linear selection), Python's ``re``."""
+    if isinstance(ignore, str):
+        ignore = (ignore,)
+    try:
+        patterns = tuple(ignore or ())
+    except TypeError:
+        raise TypeError(f"{where}: expected a list of module names or 're:' patterns (strings), "
+                        f"got {ignore!r:.200}") from None
+    if not all(isinstance(p, str) and p for p in patterns):
+        raise TypeError(f"{where}: expected module names or 're:' patterns (non-empty strings), got {ignore!r:.200}")
+    for p in patterns:
+        if p.startswith(RE_PREFIX):
+            try:
+                _compiled(p[len(RE_PREFIX):], False)
+                if python_re:
+                    re.compile(p[len(RE_PREFIX):])
+            except Exception as e:  # re.error / regex.error, OverflowError / RecursionError for absurd patterns
+                raise ValueError(f"{where}: {p!r:.200} is not a valid regular expression ({e})") from None
+    return patterns
 
 
 def _regex_match(pattern: str, expr: str, name: str, glob: bool) -> bool:

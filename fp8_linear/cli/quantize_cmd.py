@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 
 from .checks import check_model, check_output_folder, require_positive
@@ -21,13 +20,14 @@ FLAGS = {"calib_data": "--calib", "model": "--model", "ignore": "--ignore", "pat
 
 
 def check_ignore(patterns) -> None:
-    """Every ``re:`` pattern of ``--ignore`` compiles (checked before the model loads)."""
-    for p in patterns:
-        if p.startswith("re:"):
-            try:
-                re.compile(p[3:])
-            except re.error as e:
-                raise CLIError(f"--ignore: {p!r} is not a valid regular expression ({e})") from None
+    """``--ignore`` as ``quantize_model`` checks it (``fp8_linear.checkpoint.plan.ignore_patterns``: every
+    ``re:`` pattern compiles), before the model loads; :class:`CLIError` naming the flag."""
+    from fp8_linear.checkpoint.plan import ignore_patterns
+
+    try:
+        ignore_patterns(patterns, "--ignore")
+    except (TypeError, ValueError) as e:
+        raise CLIError(str(e)) from None
 
 
 def check_calib_args(args) -> None:

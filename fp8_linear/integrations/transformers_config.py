@@ -21,6 +21,7 @@ from typing import Any
 
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
+from ..checkpoint.plan import ignore_patterns
 from ..formats import format_name, resolve_format
 from ..scheme import QuantScheme, resolve_scheme
 
@@ -76,22 +77,10 @@ class FP8LinearConfig(QuantizationConfigMixin):
     def post_init(self) -> None:
         """Validate the arguments (also called after ``from_dict``)."""
         self.fmt = format_name(resolve_format(self.fmt, "fmt"))
-        self.ignore = self._checked_ignore(self.ignore)
+        self.ignore = list(ignore_patterns(self.ignore, python_re=False))  # matched by pattern_matches alone
         if self.backend is not None and self.backend not in _backend_names():
             raise ValueError(f"backend: expected None or one of {list(_backend_names())}, got {self.backend!r}")
         self.quant_scheme  # validates the scheme
-
-    @staticmethod
-    def _checked_ignore(ignore) -> list[str]:
-        if isinstance(ignore, str):
-            ignore = [ignore]
-        try:
-            patterns = list(ignore or ())
-        except TypeError:
-            raise TypeError(f"ignore: expected a list of module names or 're:' patterns, got {ignore!r}") from None
-        if not all(isinstance(p, str) and p for p in patterns):
-            raise TypeError(f"ignore: expected module names or 're:' patterns (non-empty strings), got {ignore!r}")
-        return patterns
 
     @property
     def quant_scheme(self) -> QuantScheme:

@@ -22,11 +22,9 @@ from .experts import FP8Experts
 def select_fused_experts(model: nn.Module, ignore: Iterable[str] = ()) -> dict[str, nn.Module]:
     """The fused experts modules of ``model`` (qualified name -> module) not matched by any ``ignore``
     pattern (exact names, ``re:`` regexes, class names)."""
-    from ..checkpoint.plan import pattern_matches
+    from ..checkpoint.plan import ignore_patterns, pattern_matches
 
-    if isinstance(ignore, str):
-        ignore = (ignore,)
-    patterns = tuple(ignore or ())
+    patterns = ignore_patterns(ignore, python_re=False)  # matched by pattern_matches alone
     return {n: m for n, m in hf.find_fused_experts(model).items()
             if not any(pattern_matches(p, n, m, "ct") for p in patterns)}
 

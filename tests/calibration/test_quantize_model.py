@@ -119,6 +119,55 @@ def test_ignore_patterns_and_unmatched_warning(tiny_llama):
     assert sum(isinstance(m, FP8Linear) for m in tiny_llama.modules()) == 14 - 4
 
 
+#: Bad ``ignore`` values: the error type every entry point raises and a part of its message.
+BAD_IGNORE = [
+    (5, TypeError, "expected a list of module names or 're:' patterns (strings), got 5"),
+    ([1], TypeError, "expected module names or 're:' patterns (non-empty strings), got [1]"),
+    (["lm_head", ""], TypeError, "(non-empty strings), got ['lm_head', '']"),
+    ([nn.Linear], TypeError, "(non-empty strings), got [<class 'torch.nn.modules.linear.Linear'>]"),
+    (["re:(unclosed"], ValueError, "'re:(unclosed' is not a valid regular expression (missing )"),
+    (["lm_head", "re:a{2,1}"], ValueError, "'re:a{2,1}' is not a valid regular expression (min repeat greater"),
+]
+
+
+@pytest.mark.parametrize("bad, err, needle", BAD_IGNORE)
+def test_ignore_refused_alike_by_every_entry_point(toy, bad, err, needle):
+    """quantize_model, FP8LinearConfig, quantize_fused_experts and the CLI's ``--ignore`` refuse one bad
+    ``ignore`` with one typed error naming the argument (the CLI: its flag), before touching the model."""
+    from fp8_linear import FP8LinearConfig
+    from fp8_linear.cli.common import CLIError
+    from fp8_linear.cli.quantize_cmd import check_ignore
+    from fp8_linear.moe.convert import quantize_fused_experts
+
+    calls = [lambda: quantize_model(toy, ROWS, "fp8-tensor", ignore=bad, progress=False),
+             lambda: FP8LinearConfig(ignore=bad),
+             lambda: quantize_fused_experts(toy, "fp8-dynamic", ignore=bad)]
+    for call in calls:
+        with pytest.raises(err) as e:
+            call()
+        assert str(e.value).startswith("ignore: ") and needle in str(e.value), str(e.value)
+    with pytest.raises(CLIError) as e:
+        check_ignore(bad)
+    assert str(e.value).startswith("--ignore: ") and needle in str(e.value), str(e.value)
+    assert type(toy.lin) is nn.Linear
+
+
+def test_regex_only_ignore_syntax_refused_only_where_re_match_reads_it(toy):
+    """``re:\\p{L}``: the ``regex`` engine (FP8LinearConfig, fused experts) compiles it, Python's ``re``
+    (quantize_model's Linear selection, so the CLI) does not."""
+    from fp8_linear import FP8LinearConfig
+    from fp8_linear.cli.common import CLIError
+    from fp8_linear.cli.quantize_cmd import check_ignore
+    from fp8_linear.moe.convert import select_fused_experts
+
+    pat = "re:\\p{L}+_proj$"
+    assert FP8LinearConfig(ignore=pat).ignore == [pat] and select_fused_experts(toy, pat) == {}
+    with pytest.raises(ValueError, match="is not a valid regular expression .bad escape"):
+        quantize_model(toy, ROWS, "fp8-tensor", ignore=[pat], progress=False)
+    with pytest.raises(CLIError, match="^--ignore: .*bad escape"):
+        check_ignore([pat])
+
+
 def test_tied_lm_head_skipped_and_untouched(tiny_llama):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # default ignore on a model with lm_head: no warning
