@@ -65,6 +65,10 @@ _LEADS_ATTR = "_fusion_leads"
 #: forward reaches a group only here, by the key in a member's ``_fusion_slot``: one source per group,
 #: so dynamo checks no aliasing between the paths of a parent and of each member to it.
 _GROUPS: dict[int, "weakref.ref[SiblingGroup]"] = {}
+#: Keys of :data:`_GROUPS`, each given once. Not ``backends.base._new_key`` (the smallest free key of the
+#: shared-plan tables, which never shrink): entries here go (a group's weak reference dies, ``detach``), and
+#: a freed key given again would let a dead group's key (a ``_fusion_slot`` constant in compiled code) name
+#: another group. Taken only eagerly (fusing, copying), never inside a trace.
 _keys = itertools.count()
 _compiling = torch.compiler.is_compiling
 #: A group's ``_state`` while its parent's forward runs and no round is open.

@@ -180,6 +180,12 @@ def shared_plan_key(backend: "Backend", spec: LinearSpec, generation: int) -> in
 
 def _new_key(table: dict, value) -> int:
     """A new integer key of ``table`` holding ``value`` (the smallest free one at the time)."""
+    # Not fusion.py's ``itertools.count`` of group keys (these tables never shrink, so one would give the same
+    # keys): a re-plan runs this inside a ``fullgraph`` trace (tests/integrations/test_compiled_replan.py),
+    # where dict ``len`` / ``setdefault`` are plain traced dict operations, while ``next`` of a module-level
+    # count needs dynamo's count-iterator support and its guard (traced on torch 2.13, CPU, 2026-12-02; torch
+    # 2.11, served on the H200, not checked). Fusion keys, taken eagerly, must never be given twice (its
+    # entries go), which a smallest free key would not ensure.
     key = len(table)
     while table.setdefault(key, value) is not value:
         key += 1

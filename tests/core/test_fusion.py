@@ -418,6 +418,27 @@ def test_member_slot_is_its_one_fusion_record():
     assert not [a for m in dup.modules() for a in m.__dict__ if a.startswith("_fusion")]
 
 
+def test_group_keys_are_never_given_twice():
+    """Registry keys of groups that are gone (unfused, or dead with their model) are not given to new groups."""
+    import gc
+
+    from fp8_linear.fusion import _GROUPS
+
+    model, _ = _llama("fp8-dynamic")
+    fuse_projections(model)
+    seen = {g.key for g in fusion_groups(model)}
+    unfuse_projections(model)
+    assert seen.isdisjoint(_GROUPS)
+    fuse_projections(model)
+    again = {g.key for g in fusion_groups(model)}
+    del model
+    gc.collect()
+    assert again.isdisjoint(_GROUPS) and again.isdisjoint(seen)
+    other, _ = _llama("fp8-dynamic")
+    fuse_projections(other)
+    assert {g.key for g in fusion_groups(other)}.isdisjoint(seen | again)
+
+
 def test_load_state_dict_moves_and_deepcopy():
     model, ids = _llama("fp8-tensor")
     other, _ = _llama("fp8-tensor")

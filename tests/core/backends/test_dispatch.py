@@ -206,6 +206,37 @@ def test_log_once_under_concurrent_first_calls(monkeypatch, fresh_log):
     assert len([r for r in fresh_log.records if r.name == "fp8_linear"]) == 1
 
 
+def test_shared_plan_keys_one_per_identity_smallest_free(monkeypatch):
+    """shared_plan_key (fresh tables): one key per (backend, spec, generation), in order of first use
+    (0, 1, ...); a backend's slot likewise; concurrent first uses of one identity get one key."""
+    from torch import nn
+
+    from fp8_linear import FP8Linear
+    from fp8_linear.backends import base
+
+    spec = base.LinearSpec.of(FP8Linear.from_linear(nn.Linear(64, 32), "fp8-dynamic"))  # (plans it: before)
+    for name in ("SHARED_PLANS", "BACKEND_SLOTS", "_shared_keys", "_slots"):
+        monkeypatch.setattr(base, name, {})
+    emulated, cublaslt = get_backend("emulated"), get_backend("cublaslt")
+    assert [base.shared_plan_key(b, spec, g) for b, g in
+            ((emulated, 1), (emulated, 2), (emulated, 1), (cublaslt, 1), (cublaslt, 2))] == [0, 1, 0, 2, 3]
+    assert base.BACKEND_SLOTS == {0: emulated, 1: cublaslt}
+    assert base.SHARED_PLANS[3] == base.SharedPlan(1, spec, 2)
+    start, keys = threading.Barrier(8), []
+
+    def worker():
+        start.wait()
+        keys.append(base.shared_plan_key(emulated, spec, 3))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(keys)) == 1 and base.SHARED_PLANS[keys[0]] == base.SharedPlan(0, spec, 3)
+    assert sorted(base.SHARED_PLANS) == list(range(len(base.SHARED_PLANS)))  # never a gap, whoever raced
+
+
 def test_one_granularity_vocabulary_for_scale_kinds():
     """fp8_gemm's scale kinds use quantize_fp8's / QuantScheme's words; the older "row" still reads."""
     from fp8_linear.backends.base import GemmProblem
