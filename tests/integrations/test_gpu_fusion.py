@@ -5,8 +5,9 @@ kernel on an H100 / H200), on a Llama-shaped model built from a config (Llama-3.
 - Each fused group's member outputs, for M in 1, 16, 127, against an fp64 reference on the dequantized
   inputs (the activation quantized by the layer's own op; ``calc_diff`` bar of docs/design.md section 7
   with the tensor-core floor) and against the member's own unfused GEMM within the bound of two FP32
-  summation orders (the fused N = 3072 / 16384 GEMMs take other tiles and split-K than N = 2048 / 512 /
-  8192).
+  summation orders plus the tensor core's own accumulation between promotions (the fused N = 3072 /
+  16384 GEMMs take other configs than N = 2048 / 512 / 8192: at M = 16 the fused gate_up runs config 1,
+  promoting every 32 of K, the unfused gate / up config 17, promoting every 128).
 - transformers' compiled static-cache ``generate`` of the fused model: no recompiles over its decode
   steps, no graph breaks, no CUDA-graph skips (no input mutation; the unfused model's count printed
   beside it), every group still fused; its greedy tokens against
@@ -42,16 +43,25 @@ pytestmark = [
 PRESETS = ["fp8-tensor", "fp8-channel", "fp8-dynamic", "fp8-block"]
 U32 = 2.0**-24
 BF16_MANTISSA = 7
+#: Hopper's FP8 tensor-core accumulator keeps about 14 bits between promotions (DeepSeek-V3 report,
+#: section 3.3.2; docs/design.md "Accumulation"): each wgmma k-step of 32 can move the running sum by up
+#: to 2**-13 of its magnitude, at most |a| @ |b| over the promotion interval.
+TC_ACC_REL = 2.0**-13
+#: The longest promotion interval of any config (128 of K: n_acc = 1) in wgmma k-steps of 32.
+TC_STEPS_PER_PROMOTION = 128 // 32
 
 
 def _ref_and_bound(layer: FP8Linear, x: torch.Tensor, out: torch.Tensor):
     """fp64 reference of an unfused ``layer(x)`` (``x`` ``[M, K]``; the activation quantized by the
-    layer's own op) and the largest difference two FP32 summation orders can show (plus one bf16 ulp)."""
+    layer's own op) and the largest difference two kernels' outputs can show: two FP32 summation orders,
+    each kernel's tensor-core accumulation between promotions (TC_ACC_REL per k-step over
+    TC_STEPS_PER_PROMOTION steps, relative to ``|a| @ |b|``), plus one bf16 ulp."""
     q, sa = quantize_activation(layer, x, layer._plan.spec)
     ref = gemm_ref64(q, layer.weight, sa, layer.weight_scale, layer.bias)
     absref = dequant64(q, sa).abs() @ dequant64(layer.weight, layer.weight_scale).abs().t()
     ulp = torch.exp2(torch.floor(torch.log2(out.double().abs().clamp_min(1e-30))) - BF16_MANTISSA)
-    return ref, 2 * x.shape[-1] * U32 * absref + ulp
+    per_kernel = x.shape[-1] * U32 + TC_STEPS_PER_PROMOTION * TC_ACC_REL
+    return ref, 2 * per_kernel * absref + ulp
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -65,6 +75,7 @@ def test_fused_groups_match_reference_and_unfused_on_gpu(bf16_model, prompts, pr
         parent = layer.self_attn if group.names[0] == "q_proj" else layer.mlp
         twin_parent = plain.model.layers[0].self_attn if group.names[0] == "q_proj" else plain.model.layers[0].mlp
         backend = group.fused.backend
+        largest = 0.0
         for m in (1, 16, 127):
             x = torch.randn(m, group.fused.in_features, device=group.fused.weight.device, dtype=torch.bfloat16) * 2
             with torch.inference_mode():
@@ -75,9 +86,12 @@ def test_fused_groups_match_reference_and_unfused_on_gpu(bf16_model, prompts, pr
                     bar = rounding_bar(ref, torch.bfloat16, KERNEL_FLOOR)
                     assert calc_diff(apart[n], ref) <= bar, (preset, backend, n, m)
                     assert calc_diff(fused_out[n], ref) <= bar, (preset, backend, n, m, calc_diff(fused_out[n], ref), bar)
-                    assert ((fused_out[n].double() - apart[n].double()).abs() <= bound).all(), (preset, backend, n, m)
+                    worst = ((fused_out[n].double() - apart[n].double()).abs() / bound).max().item()
+                    assert worst <= 1.0, (preset, backend, n, m, f"largest |fused - unfused| / bound {worst:.3f}")
+                    largest = max(largest, worst)
             assert group._state is None and group.enabled
-        print(f"{preset}: {'/'.join(group.names)} fused on {backend}: outputs within the bars at M = 1, 16, 127")
+        print(f"{preset}: {'/'.join(group.names)} fused on {backend}: outputs within the bars at M = 1, 16, 127 "
+              f"(largest |fused - unfused| / bound {largest:.3f})")
 
 
 def _call_inside(parent, names, x):
