@@ -101,4 +101,6 @@ class EmulatedBackend(Backend):
         return True, "takes every layer"
 
     def apply(self, layer, x: torch.Tensor, spec: LinearSpec | None = None) -> torch.Tensor:
-        return quantize_and_gemm(layer, x, ops.emulated_gemm, spec)
+        # row-major first: the CPU's BLAS may sum a transposed operand in another order (an AMD EPYC's
+        # MKL did, by one fp32 ulp, 2026-12-02), and a layer's output should not depend on its input's strides
+        return quantize_and_gemm(layer, x.contiguous(), ops.emulated_gemm, spec)
