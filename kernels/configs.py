@@ -46,9 +46,8 @@ CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(2, "swap128x32_4acc", 32, True, 4, split_k=True, block_scales=True),  # M <= 32
     KernelConfig(6, "tile128x192", 192, False, 1, block_scales=True),  # less shared-memory / L2 traffic per FLOP
     KernelConfig(7, "tile128x128_2acc", 128, False, 1, True, split_k=True, block_scales=True),  # the large-M default
-    # v10: 6% less operand traffic per FLOP; block instances since v29 (the promotion dispatched on the
-    # column where the tile's second weight block starts, sm90_blockscale.cuh)
-    KernelConfig(10, "tile128x144_2acc", 144, False, 1, True, split_k=True, block_scales=True),
+    # v10: 6% less operand traffic per FLOP; no block instances (see BLOCK_LARGE_M_CANDIDATES)
+    KernelConfig(10, "tile128x144_2acc", 144, False, 1, True, split_k=True),
     KernelConfig(14, "swap128x128_2acc", 128, True, 1, True),  # 7 with A/B swapped (v21)
     KernelConfig(15, "swap128x144_2acc", 144, True, 1, True),  # 10 with A/B swapped (v21)
     # 3 with two accumulators (k-block i+1 issued before i is promoted): M <= 64 decode tiles (v27)
@@ -104,18 +103,14 @@ LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = (
 )
 
 #: The large-M candidates of block-scaled launches (:func:`select_config` ``block``): those with BLK
-#: instances, with the per-tensor throughput and overhead figures (7, 6 and 10: the factors cost each
-#: tile the same few FFMAs per value; not measured apart for block scales). Config 10's block instance
-#: fits its consumers' 240 registers since its promotion is dispatched on the tile column where the
-#: second weight block starts (with that column at run time ptxas spilled 76-88 bytes; docs/kernel-log.md
-#: v29).
-#: Config 10's block instance is not a candidate: on the H200 it ran slower than config 7's block
-#: instance on every shape it would take (70B o: 268.3 against 246.9 us at M = 2048, 1115.8 against
-#: about 1001 at 8192; ``python -m benchmarks.gemm_bench --mode block --quick``, 2026-12-01); it stays
-#: compiled and is forced by id in the tests.
-BLOCK_SLOWER_THAN_7 = (10,)
+#: instances (7 and 6), with the per-tensor throughput and overhead figures (the factors cost each tile
+#: the same few FFMAs per value; not measured apart for block scales). Config 10 has no block instances:
+#: on the H200 its block instance (docs/kernel-log.md v29) ran slower than config 7's on every shape it
+#: would take (70B o: 268.3 against 246.9 us at M = 2048; ``python -m benchmarks.gemm_bench --mode block
+#: --quick``, 2026-12-01) and spilled under nvcc 13.0 (ptxas spill stores / loads: 8 / 4 bytes, 100 / 340
+#: with split K); it is in git history.
 BLOCK_LARGE_M_CANDIDATES: tuple[tuple[int, float, float], ...] = tuple(
-    c for c in LARGE_M_CANDIDATES if CONFIG_BY_ID[c[0]].block_scales and c[0] not in BLOCK_SLOWER_THAN_7)
+    c for c in LARGE_M_CANDIDATES if CONFIG_BY_ID[c[0]].block_scales)
 
 #: Swapped twins of the large-M candidates: config 14 = 7 and config 15 = 10 with A/B swapped (the
 #: weight's rows on wgmma's M side; scale_b[n] is then a per-thread row scale loaded at the tile start,
@@ -320,9 +315,8 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
     split K (:func:`select_splits`; the swapped large-M configs have no split-K instances).
 
     ``block``: fine-grained scales (1x128 activation groups, 128x128 weight blocks). The same choice
-    among the candidates with ``block_scales`` instances (BLOCK_LARGE_M_CANDIDATES: 7 and 6; not 10, measured
-    slower, and not the
-    swapped large-M configs, whose epilogue serves a per-tensor scale_a and whose threads would hold
+    among the candidates with ``block_scales`` instances (BLOCK_LARGE_M_CANDIDATES: 7 and 6; not 10 and not
+    the swapped large-M configs, whose epilogue serves a per-tensor scale_a and whose threads would hold
     BN activation factors each).
     """
     if m <= 0 or n <= 0 or k <= 0:

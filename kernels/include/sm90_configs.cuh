@@ -20,7 +20,7 @@ inline bool config_info(int id, ConfigInfo& info) {
     case 2: info = {32, 128, true, true, true, "swap128x32_4acc"}; return true;
     case 6: info = {192, 128, false, false, true, "tile128x192"}; return true;
     case 7: info = {128, 128, false, true, true, "tile128x128_2acc"}; return true;
-    case 10: info = {144, 128, false, true, true, "tile128x144_2acc"}; return true;
+    case 10: info = {144, 128, false, true, false, "tile128x144_2acc"}; return true;
     case 14: info = {128, 128, true, false, false, "swap128x128_2acc"}; return true;
     case 15: info = {144, 128, true, false, false, "swap128x144_2acc"}; return true;
     case 16: info = {64, 128, true, true, true, "swap128x64_2acc"}; return true;
@@ -56,8 +56,6 @@ const char* launch_config(const LaunchArgs& la, cudaStream_t stream, bool split,
       return split ? launch_one<128, false, 1, FA, FB, true, true>(la, stream)
                    : launch_one<128, false, 1, FA, FB, true>(la, stream);
     case 10:  // tile128x144_2acc
-      if (blk) return split ? launch_one<144, false, 1, FA, FB, true, true, true>(la, stream)
-                   : launch_one<144, false, 1, FA, FB, true, false, true>(la, stream);
       return split ? launch_one<144, false, 1, FA, FB, true, true>(la, stream)
                    : launch_one<144, false, 1, FA, FB, true>(la, stream);
     case 14:  // swap128x128_2acc

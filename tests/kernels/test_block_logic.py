@@ -44,7 +44,7 @@ def test_block_choice_has_block_instances(monkeypatch):
 
 def test_block_choice_is_the_per_tensor_model(monkeypatch):
     """Where the per-tensor choice (without the swapped twins) has block instances, block scales get the
-    same config (unless it is measured slower than config 7 with block scales: BLOCK_SLOWER_THAN_7);
+    same config;
     a 64-row decode tile only where ROWS64_BLOCK lets block launches take them, and then the one of
     the most tiles in one wave; elsewhere the cheapest of the block candidates by the same cost model."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
@@ -54,12 +54,24 @@ def test_block_choice_is_the_per_tensor_model(monkeypatch):
         if blk.block_m == 64:
             assert configs.ROWS64_BLOCK and m <= configs.ROWS64_MAX_M, (m, n, k, blk.id)
             assert blk is configs._rows64(m, n, 132), (m, n, k, blk.id)
-        elif plain.block_scales and plain.id not in configs.BLOCK_SLOWER_THAN_7:
+        elif plain.block_scales:
             assert blk.id == plain.id, (m, n, k)
         else:
             costs = {cid: configs.estimated_cost(configs.CONFIG_BY_ID[cid], m, n, rel, 132, k, ov)
                      for cid, rel, ov in configs.BLOCK_LARGE_M_CANDIDATES}
             assert costs[blk.id] == min(costs.values()), (m, n, k, costs)
+
+
+def test_config10_block_launches_take_a_block_candidate(monkeypatch):
+    """Config 10 has no block instances: where the per-tensor choice is config 10, a block-scaled launch
+    gets config 7 or 6 (the block candidates), and such shapes are in the sweep."""
+    monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
+    assert not configs.CONFIG_BY_ID[10].block_scales
+    assert {cid for cid, _, _ in configs.BLOCK_LARGE_M_CANDIDATES} == {7, 6}
+    tens = [(m, n, k) for m, n, k in SWEEP if configs.select_config(m, n, k).id == 10]
+    assert tens
+    for m, n, k in tens:
+        assert configs.select_config(m, n, k, block=True).id in (7, 6), (m, n, k)
 
 
 def test_block_swap_ok_ignored():

@@ -200,9 +200,10 @@ def test_block_direct_store_bitwise_equals_tma_store(cfg, out_dtype):
     check(staged, reference(a, b, sa, sb, bias), out_dtype, f"cfg={cfg}")
 
 
-#: Tiles that are not a whole number of 128-row weight blocks (128 x 144: the second block starts at tile
-#: column 128 - 16 * (nb % 8), all eight of them from N = 8 x 144 on; 128 x 192: 128 or 64): N = 144 k +- 1
-#: (a last tile of one column, or one column short), N not a multiple of 128 or 144, ragged K.
+#: Tiles that are not a whole number of 128-row weight blocks (128 x 192: the second block starts at tile
+#: column 128 or 64, both in each grid of two tiles or more; config 10's 128 x 144 has no block instances):
+#: N = 192 k + 1 (1153, 2305: a last tile of one column), 192 k - 1 (1151: one column short), N not a
+#: multiple of 128 or 192, ragged K.
 WIDE_CFGS = [c for c in BLOCK_PLAIN_CFGS if configs.CONFIG_BY_ID[c].block_n % 128]
 WIDE_SHAPES = [(129, 287, 1040), (300, 289, 2064), (7, 1151, 1040), (129, 1153, 4112), (300, 2305, 1296),
                (1, 1153, 16400), (520, 1000, 48), (129, 1160, 1040)]
@@ -213,7 +214,7 @@ WIDE_SHAPES = [(129, 287, 1040), (300, 289, 2064), (7, 1151, 1040), (129, 1153, 
 @pytest.mark.parametrize("out_dtype", OUTS)
 def test_block_wide_tiles_every_block_boundary(cfg, idx, out_dtype):
     """Each 8-column fragment of a tile takes the factor of its own weight block, wherever the block
-    boundary falls in the tile (the promotion's eight compile-time cases of the 144-wide tile)."""
+    boundary falls in the tile (the promotion's compile-time cases of the 192-wide tile)."""
     m, n, k = WIDE_SHAPES[idx]
     fa, fb = FMTS[(idx + cfg) % 4]
     bias_dtype = [None, torch.float32, torch.bfloat16, torch.float16][idx % 4]
