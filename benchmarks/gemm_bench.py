@@ -46,7 +46,7 @@ from benchmarks.common import shapes as S
 from benchmarks.common.timing import parse_env_sweep
 
 #: splitk mode's forced split factors unless --splits says otherwise (block mode: none unless given).
-SPLITS_DEFAULT = "2,4,8"
+SPLITK_SPLITS = "2,4,8"
 MODES = ("burst", "steady", "decode", "splitk", "raster", "block")
 COLUMNS = ("ours", "ours_ch", "ours_row", "ours_block", "cublas_t", "cublas_row", "cublas_block", "bf16")
 DEFAULT_COLUMNS = {
@@ -101,8 +101,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--env", default="", help="NAME=v1,v2,...: our choice once per value of the variable")
     ap.add_argument("--ms", default="", help="splitk and decode modes: M values (default 1,16,64,128,256 / 1,2,..,1024)")
     ap.add_argument("--models", default="", help="decode mode, and splitk with --set decode: model names of the decode set")
-    ap.add_argument("--splits", default=SPLITS_DEFAULT,
-                    help="splitk mode (and block mode when given): forced split factors (upper bounds)")
+    ap.add_argument("--splits", default=None,
+                    help=f"splitk mode (default {SPLITK_SPLITS}) and block mode (default none): forced split "
+                         "factors (upper bounds)")
     ap.add_argument("--groups", default="8,16,32,64", help="raster mode: tile-raster group heights")
     ap.add_argument("--even-waves", action="store_true", help="raster mode: each launch also on the even-waves grid")
     ap.add_argument("--rounds", type=int, default=None)
@@ -149,8 +150,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if args.per_channel and "ours_ch" not in columns:
         columns.append("ours_ch")
     plan = Plan(mode, shapes, columns, configs=[c.strip() for c in args.configs.split(",") if c.strip()])
-    if mode == "splitk" or (mode == "block" and args.splits != SPLITS_DEFAULT):
-        forced = S.parse_ints(args.splits, "--splits")
+    if mode == "splitk" or (mode == "block" and args.splits is not None):
+        forced = S.parse_ints(SPLITK_SPLITS if args.splits is None else args.splits, "--splits")
         if any(s < 1 for s in forced):
             raise ValueError(f"--splits: expected factors >= 1, got {forced}")
         plan.splits = [1] + [s for s in forced if s != 1]  # s1: the unsplit launch
