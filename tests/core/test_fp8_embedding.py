@@ -106,7 +106,9 @@ def test_model_dtype_is_the_models_not_fp8():
         setattr(attn, lin, FP8Linear.from_linear(getattr(attn, lin), "fp8-dynamic"))
     assert model.dtype == torch.bfloat16
     assert DTYPE_ANCHOR not in model.state_dict() and "model.embed_tokens.dtype_anchor" not in model.state_dict()
-    out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, do_sample=False, pad_token_id=0)
+    # min_new_tokens: random weights may pick the config's EOS id (2) and stop generate early
+    out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, min_new_tokens=3, do_sample=False,
+                         pad_token_id=0)
     assert out.shape == (1, 6)
 
 
