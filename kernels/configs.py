@@ -191,6 +191,19 @@ ROWS64_OVER_SPLIT_MIN_M = 64
 #: 1.03-1.10: M <= 16 only. Where config 1 fits one wave and config 17 does not, config 1 stays (Llama-3.1-70B
 #: qkv, 10240 x 8192: 24.8 us against 28.1; Qwen2.5-0.5B gate_up, 9728 x 896: 5.0 against 5.2).
 ROWS64_MULTI_WAVE_MAX_M = 16
+#: Above ROWS64_MULTI_WAVE_MAX_M up to MULTI_WAVE_TILE_MAX_M, where the swapped 128-row choice (config 2 or
+#: 16) takes more than one wave (ceil(N / 128) > the SMs: gate_up from 16897 rows), no 64-row config fits one
+#: wave and the large-M choice (LARGE_M_CANDIDATES by estimated_cost) fits one wave unsplit, the large-M
+#: choice instead (:func:`_multi_wave_tile`). Its 128 token rows are one row block for any M <= 128: the
+#: same grid, k-loop and wgmma work as at M = 128 (TMA zero-fills the missing rows, the epilogue stores
+#: fewer), so its M = 128 time bounds its time at M = 17-64. Measured basis (H200, 2026-12-02,
+#: `python -m benchmarks.gemm_bench --mode decode --columns ours,cublas_t`, h200-2026-12-02-v39-decode-set.json),
+#: us, swapped choice at M = 32 / 64 against the large-M choice at M = 128: Qwen2.5-1.5B gate_up (17920 x
+#: 1536, 140 tiles of 128) 14.32 / 15.99 against 11.34 (config 10, 125 tiles), Qwen2.5-3B gate_up (22016 x
+#: 2048, 172 tiles) 18.09 / 19.86 against 17.07 (config 6, 115 tiles); cuBLASLt 10.87 / 10.80 and 15.39 /
+#: 15.87. Config 7 forced at M = 64 (two waves, 140 and 172 tiles) 14.85 / 19.92
+#: (h200-2026-12-02-decode-config-oracle-m64-256.json). Not for block scales (not measured there).
+MULTI_WAVE_TILE_MAX_M = 64
 #: Whether block-scaled launches take the 64-row configs too (their block instances). The one H200 miss of
 #: config 19 (fp32 out, M = 1, N = 200, K = 1040: calc_diff 1.049e-8 against 1e-8, kernel-log v30) is the
 #: tensor-core floor's spread over 200 outputs, not a wrong factor (kernel-log v32, design.md section 7).
@@ -305,7 +318,9 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
     SWAP64_DBL_CONFIG). Up to ROWS64_MAX_M, the 64-row config
     whose grid has the most tiles in one wave instead (:func:`_rows64`; up to ROWS64_MULTI_WAVE_MAX_M also
     config 17 where config 1's grid takes more than one wave), except where the 128-row choice splits K: then only above ROWS64_OVER_SPLIT_MIN_M and where the 64-row grid has more work items
-    (:func:`work_items`; the 64-row config splits by its own rule). Otherwise the fastest of LARGE_M_CANDIDATES by
+    (:func:`work_items`; the 64-row config splits by its own rule). Where no 64-row config fits one wave
+    and the swapped 128-row choice takes more than one, up to MULTI_WAVE_TILE_MAX_M, the large-M choice
+    if its grid fits one wave (:func:`_multi_wave_tile`). Otherwise the fastest of LARGE_M_CANDIDATES by
     :func:`estimated_cost` (128 x 128 or 128 x 144 with two accumulators, or 128 x 192).
 
     ``swap_ok``: the launch has a per-tensor scale_a and a 16-bit output, what the swapped large-M
@@ -332,7 +347,7 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
         return _rows64_wide(base, m, n, k, num_sms, block)
     rows64 = _rows64(m, n, num_sms)
     if rows64 is None:
-        return _rows64_wide(base, m, n, k, num_sms, block)
+        return _multi_wave_tile(_rows64_wide(base, m, n, k, num_sms, block), m, n, k, num_sms, block)
     if select_splits(base, m, n, k, num_sms) > 1 and (
             m <= ROWS64_OVER_SPLIT_MIN_M or work_items(rows64, m, n, k, num_sms) <= work_items(base, m, n, k, num_sms)):
         return base
@@ -348,6 +363,20 @@ def _rows64_wide(choice: KernelConfig, m: int, n: int, k: int, num_sms: int, blo
             or tiles(wide, m, n) > num_sms or select_splits(choice, m, n, k, num_sms) > 1):
         return choice
     return wide
+
+
+def _multi_wave_tile(choice: KernelConfig, m: int, n: int, k: int, num_sms: int, block: bool) -> KernelConfig:
+    """The large-M choice (the least :func:`estimated_cost` of LARGE_M_CANDIDATES) in place of ``choice``
+    where ROWS64_MULTI_WAVE_MAX_M < ``m`` <= MULTI_WAVE_TILE_MAX_M, the launch has no block scales,
+    ``choice`` is a swapped 128-row config whose grid takes more than one wave of ``num_sms``, and the
+    large-M choice's grid fits one wave without splitting K; ``choice`` otherwise."""
+    if (block or not choice.swap_ab or choice.block_m != BLOCK_M
+            or not ROWS64_MULTI_WAVE_MAX_M < m <= MULTI_WAVE_TILE_MAX_M or tiles(choice, m, n) <= num_sms):
+        return choice
+    tile = _fastest(LARGE_M_CANDIDATES, m, n, k, num_sms)
+    if tiles(tile, m, n) > num_sms or select_splits(tile, m, n, k, num_sms) > 1:
+        return choice
+    return tile
 
 
 def work_items(cfg: KernelConfig, m: int, n: int, k: int, num_sms: int = 132) -> int:

@@ -125,6 +125,8 @@ def test_select_config_small_m_small_problem(monkeypatch):
     (1, 16896, 1, 128, 16, True), (1, 16897, 17, 64, 16, True),     # 132 tiles of 128 fit; 133 do not: 64-row twin
     (1, 28672, 17, 64, 16, True), (16, 28672, 17, 64, 16, True),    # 224 tiles of 128 (ROWS64_MULTI_WAVE_MAX_M)
     (17, 28672, 2, 128, 32, True), (32, 28672, 2, 128, 32, True),   # above it config 2 stays
+    (32, 17920, 10, 128, 144, False), (64, 17920, 10, 128, 144, False),  # 140 swapped tiles; 125 of 128 x 144
+    (17, 16896, 2, 128, 32, True), (17, 16897, 10, 128, 144, False),  # 132 swapped tiles fit, 133 do not
     (17, 4096, 17, 64, 16, True), (32, 4096, 17, 64, 16, True),     # 64 x 2 = 128 tiles 16 wide fit
     (32, 4224, 17, 64, 16, True), (32, 4225, 18, 64, 32, True),     # 66 x 2 = 132 fit, 67 x 2 do not
     (32, 10240, 2, 128, 32, True),                                  # 160 x 64-row tiles: too many
@@ -534,3 +536,25 @@ def test_rows64_wide_rule(monkeypatch):
             c = configs.select_config(m, n, 4096)
             if c.id == wide:
                 assert configs.tiles(c, m, n) <= 132 and configs.ROWS64_WIDE_MIN_M < m <= configs.ROWS64_WIDE_MAX_M
+
+
+def test_multi_wave_tile_rule(monkeypatch):
+    """Above ROWS64_MULTI_WAVE_MAX_M up to MULTI_WAVE_TILE_MAX_M, a swapped 128-row choice over more than one
+    wave gives way to the large-M choice where that fits one wave unsplit (its time at M = 128 bounds it:
+    the same grid); never for block scales, never where the large-M grid takes a second wave too."""
+    monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
+    monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
+    # Qwen2.5-1.5B / 3B gate_up, measured: the M = 128 choice of each at M = 17-64
+    for m in (17, 32, 33, 64):
+        assert configs.select_config(m, 17920, 1536) == configs.select_config(128, 17920, 1536) == configs.config(10)
+        assert configs.select_config(m, 22016, 2048) == configs.select_config(128, 22016, 2048) == configs.config(6)
+        assert configs.select_config(m, 17920, 1536, block=True).swap_ab  # block scales: unchanged
+        assert configs.select_config(m, 28672, 4096).swap_ab  # Llama-3.1-8B gate_up: 150 tiles of 128 x 192
+    assert configs.select_config(16, 17920, 1536).id == configs.ROWS64_TWIN[1]  # M <= 16: config 17
+    for m in range(17, configs.MULTI_WAVE_TILE_MAX_M + 1, 7):
+        for n in (8192, 16384, 16896, 16897, 17920, 19008, 19009, 22016, 25344, 25345, 28672):
+            for k in (896, 1536, 4096, 14336):
+                c = configs.select_config(m, n, k)
+                if not c.swap_ab:
+                    assert configs.tiles(c, m, n) <= 132 and configs.select_splits(c, m, n, k) == 1, (m, n, k)
+                    assert -(-n // configs.BLOCK_M) > 132, (m, n, k)  # the swapped grid took a second wave
