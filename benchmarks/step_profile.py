@@ -40,11 +40,12 @@ import torch
 from benchmarks.common import trace_gaps
 from benchmarks.common.trace_gaps import busy_us
 from benchmarks.common.budget import Budget
+from benchmarks.common.decode_args import add_decode_args
 from benchmarks.common.kernel_names import first_match
 from benchmarks.common.cuda_clock import is_cuda, sync
 from benchmarks.common.fp8_swap import calibrate, decoder_linears, fp8_layers, swap_in
-from benchmarks.common.generate_clock import reset_compiled, timed_generate
-from benchmarks.common.random_model import MODELS, build_model, prompt_ids
+from benchmarks.common.generate_clock import reset_compiled, stop_after, timed_generate
+from benchmarks.common.random_model import build_model, prompt_ids
 from benchmarks.common.results import RESULTS_DIR, environment, write_json
 from fp8_linear import fuse_projections, unfuse_projections
 
@@ -65,19 +66,6 @@ GAP_ROWS = 15
 def category(name: str) -> str:
     """The :data:`CATEGORIES` label of a GPU kernel's name (the first pattern that matches), else ``other``."""
     return first_match(name, CATEGORIES)
-
-
-def stop_after(length: int):
-    """A ``generate`` stopping criterion: stop once the sequences are ``length`` tokens long (so two calls
-    of different lengths share ``max_new_tokens``, hence one static-cache shape and one compiled graph)."""
-    from transformers import StoppingCriteria, StoppingCriteriaList
-
-    class _StopAfter(StoppingCriteria):
-        def __call__(self, input_ids, scores, **kwargs):
-            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= length, dtype=torch.bool,
-                              device=input_ids.device)
-
-    return StoppingCriteriaList([_StopAfter()])
 
 
 def profile_generate(model, ids: torch.Tensor, new: int, max_new: int, trace: pathlib.Path | None = None) -> dict:
@@ -244,28 +232,11 @@ def print_summary(results: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="llama3-8b", choices=sorted(MODELS), help="model shape (default %(default)s)")
-    ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's full depth)")
-    ap.add_argument("--presets", default="fp8-tensor", help="FP8 presets profiled after BF16 (default %(default)s)")
-    ap.add_argument("--batches", default="1,16", help="decode batch sizes (default %(default)s)")
-    ap.add_argument("--prompt", type=int, default=512, help="prompt tokens (default %(default)s)")
-    ap.add_argument("--new-tokens", type=int, default=8, help="tokens per generate call (default %(default)s)")
-    ap.add_argument("--extra-tokens", type=int, default=16,
-                    help="decode steps that the longer of the two profiled calls adds (default %(default)s)")
-    ap.add_argument("--fuse", action="store_true",
-                    help="also each preset with q/k/v and gate/up fused (fp8_linear.fuse_projections): <preset>+fused")
-    ap.add_argument("--fused-only", action="store_true", help="with --fuse: only the fused rows of the presets")
+    add_decode_args(ap, presets="fp8-tensor", batches="1,16", new_tokens=8, extra_tokens=16)
     ap.add_argument("--no-pdl", action="store_true",
                     help="also every FP8 path with our kernels' programmatic dependent launch off: <path>+nopdl")
     ap.add_argument("--gaps", action="store_true",
                     help="idle gaps of the steady decode steps by kind and kernel pair (trace saved beside the JSON)")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="wall-clock budget: a path whose cell would not finish in time is skipped (and listed)")
-    ap.add_argument("--cell-guess-s", type=float, default=75.0,
-                    help="with --budget-s: seconds assumed for a cell before the first is measured (default %(default)s)")
-    ap.add_argument("--tiny", action="store_true", help="a small model of the same architecture (checks the script)")
-    ap.add_argument("--device", default="cuda", help="cuda (default); cpu only to check the script (no GPU kernels)")
-    ap.add_argument("--out", default=None, help="folder of the JSON and traces (default benchmarks/results)")
     args = ap.parse_args(argv)
     if is_cuda(args.device) and not torch.cuda.is_available():
         raise SystemExit("step_profile: needs a CUDA GPU (or --tiny --device cpu to check the script)")

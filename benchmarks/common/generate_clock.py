@@ -43,25 +43,43 @@ class StepClock:
         return out
 
 
-def timed_generate(model, ids: torch.Tensor, new: int, kw: dict, scores: FirstScores | None = None) -> tuple[dict, torch.Tensor]:
+def timed_generate(model, ids: torch.Tensor, new: int, kw: dict, scores: FirstScores | None = None,
+                   clock: StepClock | None = None, gc_off: bool = True) -> tuple[dict, torch.Tensor]:
     """One greedy ``generate`` of exactly ``new`` tokens after the prompt ``ids`` (``[batch, prompt]``
-    int64, on the model's device) with a :class:`StepClock` (garbage collection off while it runs);
-    ``kw`` goes to ``generate`` (e.g. ``cache_implementation="static"``), ``scores`` records the first
-    logits. Returns :meth:`StepClock.timings` and the new tokens ``[batch, new]`` (int64, on the host)."""
+    int64, on the model's device) with a :class:`StepClock` (``clock``, a new one if not given), after a
+    full collection, garbage collection off while it runs (left on with ``gc_off=False``); ``kw`` goes to
+    ``generate`` (e.g. ``cache_implementation="static"``), ``scores`` records the first logits. Returns
+    :meth:`StepClock.timings` and the new tokens ``[batch, new]`` (int64, on the host)."""
     from transformers import LogitsProcessorList
 
-    clock = StepClock()
+    clock = StepClock() if clock is None else clock
     extra = dict(logits_processor=LogitsProcessorList([scores])) if scores is not None else {}
     gc.collect()
-    gc.disable()
+    was_enabled = gc.isenabled()
+    if gc_off:
+        gc.disable()
     try:
         if ids.is_cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, streamer=clock, **kw, **extra)
     finally:
-        gc.enable()
+        if was_enabled:
+            gc.enable()
     return clock.timings(t0), out[:, ids.shape[1]:].cpu()
+
+
+def stop_after(length: int):
+    """A ``generate`` stopping criterion: stop once the sequences are ``length`` tokens long (so two calls
+    of different lengths share ``max_new_tokens``, hence one static-cache shape and one compiled graph)."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class _StopAfter(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= length, dtype=torch.bool,
+                              device=input_ids.device)
+
+    return StoppingCriteriaList([_StopAfter()])
 
 
 def reset_compiled(model) -> None:
