@@ -146,7 +146,7 @@ class SharedPlan:
     A traced ``FP8Linear`` call reads its plan's ``key`` (one integer guard a layer) and then this
     object and the backend through those module-level dicts: every layer of one spec reaches them by
     one source, so dynamo guards their fields once per spec and checks no aliasing per layer
-    (docs/serving.md, "Host time")."""
+    (docs/serving-investigations.md, "Locating the batch-64 idle")."""
 
     slot: int
     spec: LinearSpec

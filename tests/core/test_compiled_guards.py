@@ -1,4 +1,5 @@
-"""What a compiled decode step checks per call because of our modules (docs/serving.md, "Host time").
+"""What a compiled decode step checks per call because of our modules (docs/serving-investigations.md,
+"Locating the batch-64 idle").
 
 dynamo guards every Python value a traced forward reads; a guard evaluated in Python (an aliasing check:
 one object reached by two paths) or an attribute store replayed after the graph costs host time on every
