@@ -315,7 +315,8 @@ def model_times(model, device, prefill: int, new: int, reps: int, compiled: bool
     garbage collection off), after one untimed call (compile, CUDA-graph capture). The first decode step
     of each call, which re-records the CUDA graph for the call's new static cache, is reported apart
     (``first_step_ms``); ``(generate(N) - generate(1)) / (N - 1)`` spread it, and any collection of the
-    garbage collector that fell into the longer call, over the steps (docs/moe.md, "Compiled decode")."""
+    garbage collector that fell into the longer call, over the steps (docs/moe-investigations.md, "The FP8
+    step's extra host time at 2 layers")."""
     import gc
 
     from torch._dynamo.utils import counters

@@ -1,7 +1,8 @@
 """The prefill profile of ``benchmarks/moe_profile.py`` (``moe_bench --profile-prefill``) on the CPU: which
 modules and functions it times, that the experts' own ops are counted apart from their grouped GEMMs, and
 that it leaves the model and the patched functions as they were. The GPU run is
-``python -m benchmarks.moe_bench --quick --skip-gemm --profile-prefill`` (docs/moe.md)."""
+``python -m benchmarks.moe_bench --quick --skip-gemm --profile-prefill`` (docs/moe-investigations.md,
+"Prefill at 0.64x BF16")."""
 
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0
 @pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")
 def test_gpu_fp8_prefill_is_one_grouped_launch_per_projection_without_host_sync():
     """On the device the FP8 experts forward launches our grouped kernel once per projection and layer and
-    never synchronizes with the host (what the CPU reading of docs/moe.md says)."""
+    never synchronizes with the host (what the CPU reading of docs/moe-investigations.md says)."""
     model = quantize_model(tiny_qwen3_moe(dtype=torch.bfloat16).cuda(), None, "fp8-dynamic", progress=False, gptq=False)
     r = profile_prefill(model, "fp8-dynamic", prefill=64, reps=2, device="cuda")
     p = r["profile"]
