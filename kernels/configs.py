@@ -175,6 +175,17 @@ ROWS64_IDS = tuple(ROWS64_TWIN.values())
 ROWS64_WIDE_CONFIG = 20
 ROWS64_WIDE_MIN_M = 64
 ROWS64_WIDE_MAX_M = 512
+#: Config 20 also replaces rule 3's config 19 (64 rows x 64 tokens) above ROWS64_WIDE_MIN_M where K is at most
+#: ROWS64_WIDE_SHORT_K and config 20's grid fits one wave (:func:`_wide_over_rows64`): with few k-blocks a tile's
+#: fixed cost (prologue, epilogue) weighs more than the extra CTAs of config 19 gain. Measured in one run (H200,
+#: 2026-12-02, config 20 forced beside the choice at M = 128: h200-2026-12-02-v39-config20-decode.json and
+#: h200-2026-12-02-v39-heldout-m128-512.json), config 20 / config 19, us: K <= 3072 on all 6 such cells 0.78-0.98
+#: (4096 x 1024 4.63 / 5.91, 2304 x 2048 6.08 / 6.84, 4096 x 2304 7.04 / 7.71, Llama-3.2-1B qkv 6.28 / 6.95,
+#: Qwen2.5-3B qkv 6.20 / 6.89, Llama-3.2-3B o 8.10 / 8.29); K = 4096 1.00-1.01 (Llama-3.1-8B o, Gemma-2-9B o,
+#: 2560 x 4096); K = 8192 1.10 (Llama-3.2-3B down). Below M = 128 config 19 keeps its two column blocks and
+#: config 20 its one (TMA zero-fills the missing token rows), so the ratio is at most the M = 128 one. Found by
+#: the offline fit of docs/performance.md "A fitted choice model"; not yet run as a rule.
+ROWS64_WIDE_SHORT_K = 3072
 ROWS64_MAX_M = 128
 #: Above this M a 64-row config may replace a 128-row choice that splits K (see ROWS64_IDS).
 ROWS64_OVER_SPLIT_MIN_M = 64
@@ -351,7 +362,18 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
     if select_splits(base, m, n, k, num_sms) > 1 and (
             m <= ROWS64_OVER_SPLIT_MIN_M or work_items(rows64, m, n, k, num_sms) <= work_items(base, m, n, k, num_sms)):
         return base
-    return rows64
+    return _wide_over_rows64(rows64, m, n, k, num_sms, block)
+
+
+def _wide_over_rows64(choice: KernelConfig, m: int, n: int, k: int, num_sms: int, block: bool) -> KernelConfig:
+    """ROWS64_WIDE_CONFIG in place of config 19 (``choice``, rule 3's 64 x 64 tile) where ROWS64_WIDE_MIN_M <
+    ``m``, ``k`` <= ROWS64_WIDE_SHORT_K, the launch has no block scales, ``choice`` does not split K and config
+    20's grid fits one wave of ``num_sms``; ``choice`` otherwise."""
+    wide = CONFIG_BY_ID[ROWS64_WIDE_CONFIG]
+    if (block or choice.id != ROWS64_TWIN[SWAP64_DBL_CONFIG] or m <= ROWS64_WIDE_MIN_M or k > ROWS64_WIDE_SHORT_K
+            or tiles(wide, m, n) > num_sms or select_splits(choice, m, n, k, num_sms) > 1):
+        return choice
+    return wide
 
 
 def _rows64_wide(choice: KernelConfig, m: int, n: int, k: int, num_sms: int, block: bool) -> KernelConfig:

@@ -558,3 +558,26 @@ def test_multi_wave_tile_rule(monkeypatch):
                 if not c.swap_ab:
                     assert configs.tiles(c, m, n) <= 132 and configs.select_splits(c, m, n, k) == 1, (m, n, k)
                     assert -(-n // configs.BLOCK_M) > 132, (m, n, k)  # the swapped grid took a second wave
+
+
+def test_wide_over_rows64_short_k(monkeypatch):
+    """Above ROWS64_WIDE_MIN_M, config 20 replaces rule 3's config 19 where K <= ROWS64_WIDE_SHORT_K and its grid
+    fits one wave (measured 0.78-0.98 of config 19 at K <= 3072, level at 4096, 1.10 at 8192); never config 17 /
+    18, block scales, M <= 64, a longer K or a second wave."""
+    monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
+    monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
+    wide, rows64 = configs.ROWS64_WIDE_CONFIG, configs.ROWS64_TWIN[configs.SWAP64_DBL_CONFIG]
+    for m, n, k in ((128, 3072, 2048), (128, 2560, 2048), (128, 3072, 3072), (128, 4096, 1024), (96, 4096, 2304)):
+        assert configs.select_config(m, n, k).id == wide, (m, n, k)
+        assert configs.select_config(m, n, k, block=True).id == rows64, (m, n, k)
+    for m, n, k in ((128, 4096, 4096), (128, 3072, 8192), (64, 6144, 2048)):
+        assert configs.select_config(m, n, k).id == rows64, (m, n, k)
+    assert configs.select_config(128, 2048, 2048).id == configs.ROWS64_TWIN[2]  # config 18 stays
+    for m in (65, 80, 100, 128):
+        for n in (1024, 2048, 3072, 4096, 6144, 8192, 8448, 9000):
+            for k in (896, 2048, 3072, 3200, 4096):
+                c = configs.select_config(m, n, k)
+                if c.id == wide and m <= configs.ROWS64_MAX_M:
+                    assert configs.tiles(c, m, n) <= 132 and configs.select_splits(c, m, n, k) == 1, (m, n, k)
+                if c.id == rows64:
+                    assert k > configs.ROWS64_WIDE_SHORT_K or configs.tiles(configs.config(wide), m, n) > 132, (m, n, k)
