@@ -9,9 +9,12 @@ from .checks import check_input_file
 from .common import CLIError
 
 DATA_HELP = ("a .txt file (one sample per paragraph), a .jsonl file (a 'text' or 'input_ids' field per line), "
-             "a dataset folder saved with datasets.save_to_disk, or 'bundled' (Python's own pydoc_data text; "
-             "calibration and evaluation use disjoint splits of it)")
+             "a dataset folder saved with datasets.save_to_disk, 'bundled' (Python's own pydoc_data text; "
+             "calibration and evaluation use disjoint splits of it) or 'stdlib' (the docstrings of 67 "
+             "standard-library modules: text no calibration default was chosen on)")
 BUNDLED_DATA = "bundled"
+#: The second bundled text: :func:`fp8_linear.calibration.stdlib_text.stdlib_text`, one sample per paragraph (as a .txt file of it would be read).
+STDLIB_DATA = "stdlib"
 #: Data fields a JSONL line or a dataset column may hold, in the order they are looked for.
 TEXT_FIELD, IDS_FIELD, MASK_FIELD = "text", "input_ids", "attention_mask"
 #: Bytes read to tell a binary file from text.
@@ -107,19 +110,32 @@ def _dataset(p: Path, flag: str):
 def read_data(spec: str | None, flag: str = "--data"):
     """The data named by ``flag`` on the command line, checked and parsed.
 
-    ``None`` or ``"bundled"`` -> ``None`` (the package's embedded corpus split); ``*.jsonl`` -> a list
+    ``None`` or ``"bundled"`` -> ``None`` (the package's embedded corpus split); ``"stdlib"`` -> the
+    paragraphs of :func:`~fp8_linear.calibration.stdlib_text.stdlib_text`; ``*.jsonl`` -> a list
     of strings (field ``text``) or of dicts (``input_ids``, optional ``attention_mask``); a folder ->
     ``datasets.load_from_disk``; any other file -> its paragraphs (blank-line separated), read as UTF-8.
     Every problem is a :class:`CLIError` naming ``flag`` and the file (and the line, for JSONL).
     """
     if spec is None or spec == BUNDLED_DATA:
         return None
+    if spec == STDLIB_DATA:
+        from fp8_linear.calibration.stdlib_text import stdlib_text
+
+        try:
+            return _paragraphs(stdlib_text())
+        except RuntimeError as e:  # a Python installed without its .py sources
+            raise CLIError(f"{flag}: {STDLIB_DATA!r}: {e}") from None
     p = check_input_file(spec, flag, folder_ok=True)
     if p.is_dir():
         return _dataset(p, flag)
     if p.suffix.lower() == ".jsonl":
         return _jsonl_rows(p, flag)
-    paras = [s.strip() for s in _decode(p, flag).replace("\r\n", "\n").split("\n\n") if s.strip()]
+    paras = _paragraphs(_decode(p, flag))
     if not paras:
         raise CLIError(f"{flag}: {str(p)!r} is empty")
     return paras
+
+
+def _paragraphs(text: str) -> list[str]:
+    """The non-empty paragraphs (blank-line separated, stripped) of ``text``."""
+    return [s.strip() for s in text.replace("\r\n", "\n").split("\n\n") if s.strip()]

@@ -316,3 +316,17 @@ def test_encoder_alone_needs_a_reference(tmp_path, capsys):
                          intermediate_size=32)).save_pretrained(d)
     assert main(["eval", str(d), "-q"]) == EXIT_ERROR
     one_error_line(capsys, "eval", "--reference", "encoder")
+
+
+def test_stdlib_names_the_second_bundled_text(tmp_path, monkeypatch):
+    """``--data stdlib`` is the paragraphs of the standard-library docstrings text, exactly what a .txt file of
+    that text reads as (so results name its digest, docs/calibration.md), even beside a file named ``stdlib``."""
+    from fp8_linear.calibration.stdlib_text import stdlib_text
+    from fp8_linear.cli.data import read_data
+
+    (tmp_path / "stdlib.txt").write_text(stdlib_text(), encoding="utf-8")
+    (tmp_path / "stdlib").write_text("a file that the name does not read", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    paras = read_data("stdlib", "--data")
+    assert paras == read_data(str(tmp_path / "stdlib.txt"), "--data")
+    assert len(paras) > 1000 and all(p and p == p.strip() and "\n\n" not in p for p in paras)
