@@ -40,16 +40,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import pathlib
 import sys
 from collections import defaultdict
 
 import numpy as np
 
+from benchmarks.common.results import RESULTS_DIR
+from benchmarks.common.timing import geomean
 from kernels import configs as C
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+RESULTS = RESULTS_DIR
 #: (file, preference: 0 = kernel v39 files of 2026-12-02, 1 = the v30 sweep), the measured basis.
 RESULT_FILES: tuple[tuple[str, int], ...] = (
     ("h200-2026-12-02-v39-decode-set.json", 0),
@@ -195,17 +196,13 @@ def is_heldout(key) -> bool:
 def rules_choice(m: int, n: int, k: int) -> tuple[int, int]:
     """Today's rules for a per-tensor, bf16-out launch: ``(config id, splits)``."""
     cfg = C.select_config(m, n, k, SMS, swap_ok=True)
-    return cfg.id, C.split_count(-(-k // C.BLOCK_K), C.select_splits(cfg, m, n, k, SMS))
+    return cfg.id, C.select_splits(cfg, m, n, k, SMS)
 
 
 def _rel_err_stats(errs: list[float]) -> dict:
     a = np.abs(np.asarray(errs))
     return {"cells": int(a.size), "median": float(np.median(a)) if a.size else None,
             "p90": float(np.percentile(a, 90)) if a.size else None}
-
-
-def _geomean(xs):
-    return float(math.exp(sum(math.log(x) for x in xs) / len(xs))) if xs else None
 
 
 def run(results: pathlib.Path = RESULTS) -> dict:
@@ -266,7 +263,7 @@ def run(results: pathlib.Path = RESULTS) -> dict:
                             "pred_rules": pred(*rule, m, n, k), "pred_model": pred(*pick, m, n, k),
                             "oracle": list(oracle), "us_oracle": cands[oracle]})
     choice = {m: {"cells": len(b["model"]), "mean_candidates": float(np.mean(b["cands"])),
-                  "model": _geomean(b["model"]), "rules": _geomean(b["rules"]), "oracle": _geomean(b["oracle"])}
+                  "model": geomean(b["model"]), "rules": geomean(b["rules"]), "oracle": geomean(b["oracle"])}
               for m, b in sorted(buckets.items())}
     all_m = [x for b in buckets.values() for x in b["model"]]
     all_r = [x for b in buckets.values() for x in b["rules"]]
@@ -282,8 +279,8 @@ def run(results: pathlib.Path = RESULTS) -> dict:
         "heldout_error": {str(c): _rel_err_stats(v) for c, v in sorted(held_err.items())},
         "heldout_error_all": _rel_err_stats([x for v in held_err.values() for x in v]),
         "choice": {str(m): v for m, v in choice.items()},
-        "choice_all": {"cells": len(all_m), "model": _geomean(all_m), "rules": _geomean(all_r),
-                       "oracle": _geomean(all_o)},
+        "choice_all": {"cells": len(all_m), "model": geomean(all_m), "rules": geomean(all_r),
+                       "oracle": geomean(all_o)},
         "choice_skipped_cells": {str(m): v for m, v in sorted(skipped.items())},
         "changed": changed,
     }

@@ -55,12 +55,12 @@ import time
 import torch
 
 from benchmarks.common.budget import Budget
-from benchmarks.common.decode_args import add_decode_args
+from benchmarks.common.decode_args import add_decode_args, path_list
 from benchmarks.common.cuda_clock import is_cuda, sync
 from benchmarks.common.fp8_swap import calibrate, decoder_linears, fp8_layers, swap_in
 from benchmarks.common.generate_clock import StepClock, reset_compiled, stop_after, timed_generate
 from benchmarks.common.random_model import build_model, prompt_ids
-from benchmarks.common.results import RESULTS_DIR, environment, write_json
+from benchmarks.common.results import RESULTS_DIR, environment, rewrite_json
 from fp8_linear import fuse_projections, unfuse_projections
 
 #: Functions whose time is a wait for the GPU (regular expressions on the function's label).
@@ -352,10 +352,7 @@ def save(rows: list[dict], skipped: list[str], args, backend: str | None, writte
     """Write the JSON of the cells so far (the skipped ones in its meta) and delete the previous one
     (``written``) once the new one is whole; returns the new path."""
     meta = environment(dict(args=vars(args), skipped=skipped, compile_backend=backend or "transformers' default"))
-    new = write_json("host-profile", meta, {}, rows, out=args.out or RESULTS_DIR)
-    if written is not None and written != new:
-        written.unlink(missing_ok=True)
-    return new
+    return rewrite_json("host-profile", meta, rows, args.out or RESULTS_DIR, written)
 
 
 def print_summary(rows: list[dict], skipped: list[str]) -> None:
@@ -392,7 +389,7 @@ def main(argv=None) -> int:
     clock = Budget(args.budget_s, args.cell_guess_s, reserve_s=5.0)
     batches = [int(b) for b in args.batches.split(",")]
     presets = [p for p in args.presets.split(",") if p]
-    paths = ["bf16", *([] if args.fuse and args.fused_only else presets), *([f"{p}+fused" for p in presets] if args.fuse else [])]
+    paths = path_list(presets, args.fuse, args.fused_only)
     model = build_model(args.model, args.layers, args.device, args.tiny)
     bf16 = decoder_linears(model)
     amax = calibrate(model)

@@ -40,13 +40,13 @@ import torch
 from benchmarks.common import trace_gaps
 from benchmarks.common.trace_gaps import busy_us
 from benchmarks.common.budget import Budget
-from benchmarks.common.decode_args import add_decode_args
+from benchmarks.common.decode_args import add_decode_args, path_list
 from benchmarks.common.kernel_names import first_match
 from benchmarks.common.cuda_clock import is_cuda, sync
 from benchmarks.common.fp8_swap import calibrate, decoder_linears, fp8_layers, swap_in
 from benchmarks.common.generate_clock import reset_compiled, stop_after, timed_generate
 from benchmarks.common.random_model import build_model, prompt_ids
-from benchmarks.common.results import RESULTS_DIR, environment, write_json
+from benchmarks.common.results import RESULTS_DIR, environment, rewrite_json
 from fp8_linear import fuse_projections, unfuse_projections
 
 #: Kernel categories, first match wins (regular expressions on the kernel name). Inductor's kernels come
@@ -205,13 +205,6 @@ def pdl_state(on: bool):
         return None
 
 
-def path_list(presets: list[str], fuse: bool, fused_only: bool, no_pdl: bool) -> list[str]:
-    """The profiled paths in order: ``bf16``, each preset (unless ``fused_only``), each ``<preset>+fused``
-    (with ``fuse``), then every FP8 path again as ``<path>+nopdl`` (with ``no_pdl``)."""
-    fp8 = [*([] if fuse and fused_only else presets), *([f"{p}+fused" for p in presets] if fuse else [])]
-    return ["bf16", *fp8, *([f"{p}+nopdl" for p in fp8] if no_pdl else [])]
-
-
 def print_summary(results: dict) -> None:
     """One line a profiled cell with gaps: steady step span = busy + idle, the idle waiting for the host,
     inside graph replays and launch latency, graph launches and GPU activities a step."""
@@ -273,10 +266,8 @@ def main(argv=None) -> int:
                 if "gaps" in r:
                     print_gaps(path, b, r["gaps"])
                 rows = [dict(path=k, **v) for k, v in results.items()]
-                new = write_json("step-profile", environment(dict(args=vars(args), skipped=skipped)), {}, rows, out=out)
-                if written is not None and written != new:
-                    written.unlink(missing_ok=True)  # the new file is whole: the previous one goes
-                written = new
+                written = rewrite_json("step-profile", environment(dict(args=vars(args), skipped=skipped)), rows,
+                                       out, written)
         finally:
             if pdl_before is not None:
                 pdl_state(pdl_before[0])

@@ -331,7 +331,9 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
     config 17 where config 1's grid takes more than one wave), except where the 128-row choice splits K: then only above ROWS64_OVER_SPLIT_MIN_M and where the 64-row grid has more work items
     (:func:`work_items`; the 64-row config splits by its own rule). Where no 64-row config fits one wave
     and the swapped 128-row choice takes more than one, up to MULTI_WAVE_TILE_MAX_M, the large-M choice
-    if its grid fits one wave (:func:`_multi_wave_tile`). Otherwise the fastest of LARGE_M_CANDIDATES by
+    if its grid fits one wave (:func:`_multi_wave_tile`); above ROWS64_WIDE_MIN_M at K <= ROWS64_WIDE_SHORT_K,
+    config 20 in place of the 64-row config 19 where it fits one wave (:func:`_wide_over_rows64`). Otherwise
+    the fastest of LARGE_M_CANDIDATES by
     :func:`estimated_cost` (128 x 128 or 128 x 144 with two accumulators, or 128 x 192).
 
     ``swap_ok``: the launch has a per-tensor scale_a and a 16-bit output, what the swapped large-M

@@ -1,11 +1,19 @@
 """The command-line options that the compiled-decode profiles share (``step_profile``, ``host_profile``):
-the model, the paths, the batches, the two calls' token counts, the budget and the device."""
+the model, the paths, the batches, the two calls' token counts, the budget and the device; and the list of
+paths they make of them."""
 
 from __future__ import annotations
 
 import argparse
 
 from benchmarks.common.random_model import MODELS
+
+
+def path_list(presets: list[str], fuse: bool, fused_only: bool, no_pdl: bool = False) -> list[str]:
+    """The profiled paths in order: ``bf16``, each preset (unless ``fused_only``), each ``<preset>+fused``
+    (with ``fuse``), then every FP8 path again as ``<path>+nopdl`` (with ``no_pdl``)."""
+    fp8 = [*([] if fuse and fused_only else presets), *([f"{p}+fused" for p in presets] if fuse else [])]
+    return ["bf16", *fp8, *([f"{p}+nopdl" for p in fp8] if no_pdl else [])]
 
 
 def add_decode_args(ap: argparse.ArgumentParser, presets: str, batches: str, new_tokens: int, extra_tokens: int,

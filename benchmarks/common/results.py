@@ -80,3 +80,13 @@ def write_json(name: str, meta: dict, summary: dict, rows: list, out: str | path
     path = outdir / f"{name}-{stamp}{'-' + tag if tag else ''}.json"
     path.write_text(json.dumps(_clean({"meta": meta, "summary": summary, "rows": rows}), indent=1))
     return path
+
+
+def rewrite_json(name: str, meta: dict, rows: list, out: str | pathlib.Path | None,
+                 previous: pathlib.Path | None) -> pathlib.Path:
+    """:func:`write_json` of the rows so far (no summary), then delete ``previous`` (the file of the last
+    rewrite) once the new one is whole: a long run keeps one JSON that holds every finished cell."""
+    new = write_json(name, meta, {}, rows, out=out)
+    if previous is not None and previous != new:
+        previous.unlink(missing_ok=True)
+    return new

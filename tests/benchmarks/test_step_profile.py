@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import step_profile as sp
+from benchmarks.common.decode_args import path_list
 
 
 @pytest.mark.parametrize("name,want", [
@@ -44,10 +45,10 @@ def test_inductor_kernels_named_after_the_gemm_they_feed_are_inductor_triton():
 
 
 def test_path_list():
-    assert sp.path_list(["a", "b"], False, False, False) == ["bf16", "a", "b"]
-    assert sp.path_list(["a"], True, False, False) == ["bf16", "a", "a+fused"]
-    assert sp.path_list(["a", "b"], True, True, True) == ["bf16", "a+fused", "b+fused", "a+fused+nopdl", "b+fused+nopdl"]
-    assert sp.path_list(["a"], False, True, True) == ["bf16", "a", "a+nopdl"]  # --fused-only needs --fuse
+    assert path_list(["a", "b"], False, False, False) == ["bf16", "a", "b"]
+    assert path_list(["a"], True, False, False) == ["bf16", "a", "a+fused"]
+    assert path_list(["a", "b"], True, True, True) == ["bf16", "a+fused", "b+fused", "a+fused+nopdl", "b+fused+nopdl"]
+    assert path_list(["a"], False, True, True) == ["bf16", "a", "a+nopdl"]  # --fused-only needs --fuse
 
 
 def _replay_steps(steps: int, launches: int) -> list[dict]:
