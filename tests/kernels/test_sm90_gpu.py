@@ -427,8 +427,11 @@ def test_split_k_counters_reused_by_a_sequence_of_shapes():
     """Split launches of different shapes, tile counts and split factors back to back on one stream (no
     synchronization between them, PDL on) share the arrival counters: each result is within the bars and
     the same bits as the same launch run alone."""
-    cases = [(1, 1, 4104, 16400, 8), (7, 7, 200, 1040, 3), (17, 129, 2056, 8208, 4), (19, 33, 1000, 4160, 2),
-             (1, 1, 4104, 16400, 8), (3, 64, 6000, 9008, 5)]
+    # configs by name (an id that leaves CONFIGS fails here by name, not deep in the launch)
+    cases = [(configs.config(name).id, m, n, k, s) for name, m, n, k, s in (
+        ("swap128x16_4acc", 1, 4104, 16400, 8), ("tile128x128_2acc", 7, 200, 1040, 3),
+        ("swap64x16_2acc", 129, 2056, 8208, 4), ("swap64x64_2acc", 33, 1000, 4160, 2),
+        ("swap128x16_4acc", 1, 4104, 16400, 8), ("swap128x64_2acc", 64, 6000, 9008, 5))]
     inputs = [make_inputs(m, n, k, E4, E5, "tensor", "row", torch.float16 if i % 2 else None)
               for i, (_, m, n, k, _) in enumerate(cases)]
     alone = [run_poisoned(a, b, sa, sb, bias, torch.bfloat16, cfg, splits=s)
