@@ -196,13 +196,17 @@ def fp8_ends(model, path: PathSpec, amax: dict[str, float]) -> dict[str, torch.n
 
 
 # ------------------------------------------------------------------------------------------- cells
-def decode_cell(model, ids: torch.Tensor, new: int, compiled: bool, reps: int) -> tuple[dict, torch.Tensor, list]:
+def decode_cell(model, ids: torch.Tensor, new: int, compiled: bool, reps: int,
+                skip_guards: bool = False) -> tuple[dict, torch.Tensor, list]:
     """Timings of greedy ``generate`` of ``new`` tokens on ``ids`` (eager dynamic cache, or compiled static
     cache), plus the first :data:`COMPARED_TOKENS` tokens and their logits (for :func:`compare_greedy`).
 
     Compiled: the first call compiles and captures (its duration is ``compile_s``) and records the logits;
     then ``reps`` timed calls (the fastest kept) and the replayed forward. Eager: a short first call
     records the logits, then the timed calls. ``reps = 0``: only the tokens (an empty timing dict).
+    ``skip_guards`` (compiled only): ``reps`` more timed calls of the same compiled code under
+    ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)`` (dynamo evaluates only the guards that tell
+    its cached entries apart), the fastest kept as ``cell["skip_guards"]`` with its tokens' agreement.
     """
     kw = dict(cache_implementation="static") if compiled else dict(disable_compile=True)
     first = FirstScores(min(COMPARED_TOKENS, new))
@@ -213,10 +217,31 @@ def decode_cell(model, ids: torch.Tensor, new: int, compiled: bool, reps: int) -
         runs = [timed_generate(model, ids, new, kw)[0] for _ in range(reps)]
     if not runs:  # only the tokens were asked for
         return {}, tokens[:, :first.n], first.scores
-    best = min(runs, key=lambda r: r.get("step_ms", float("inf")))
-    cell = dict(best, decode_tok_s=ids.shape[0] / best["step_ms"] * 1e3 if best.get("step_ms") else None,
-                **({"compile_s": warm_s} if compiled else {}))
+    cell = fastest(runs, ids.shape[0])
+    if compiled:
+        cell["compile_s"] = warm_s
+    if compiled and skip_guards:
+        cell["skip_guards"] = guards_skipped_cell(model, ids, new, kw, reps, tokens)
     return cell, tokens[:, :first.n], first.scores
+
+
+def fastest(runs: list[dict], batch: int) -> dict:
+    """The run of ``runs`` (:func:`timed_generate` timings) with the shortest step, with its tokens/s."""
+    best = min(runs, key=lambda r: r.get("step_ms", float("inf")))
+    return dict(best, decode_tok_s=batch / best["step_ms"] * 1e3 if best.get("step_ms") else None)
+
+
+def guards_skipped_cell(model, ids: torch.Tensor, new: int, kw: dict, reps: int, tokens: torch.Tensor) -> dict:
+    """``reps`` timed compiled ``generate`` calls (already compiled and captured) under
+    ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``: the fastest (:func:`fastest`), and whether
+    its ``new`` tokens equal ``tokens`` (those of the same compiled code with every guard evaluated)."""
+    runs, same = [], True
+    with torch.inference_mode(), torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+        for _ in range(reps):
+            timing, out = timed_generate(model, ids, new, kw)
+            runs.append(timing)
+            same = same and torch.equal(out, tokens)
+    return dict(fastest(runs, ids.shape[0]), same_tokens_as_guarded=same)
 
 
 def error_text(e: BaseException, width: int = 200) -> str:
@@ -244,7 +269,8 @@ def measure_batch(model, batch: int, args, clock: Budget | None, eager: bool, ca
             continue
         reset_compiled(model)
         try:
-            cell[mode], *greedy[mode] = decode_cell(model, ids, args.new_tokens, compiled, max(1, args.reps))
+            cell[mode], *greedy[mode] = decode_cell(model, ids, args.new_tokens, compiled, max(1, args.reps),
+                                                    skip_guards=args.skip_guards)
             if compiled and clock is not None:
                 clock.compiled(cell[mode].get("compile_s", 0.0))
         except Exception as e:  # noqa: BLE001 - a path that cannot run is reported, not fatal
@@ -317,6 +343,10 @@ def fmt_cell(cell: dict) -> str:
         else:
             parts.append(f"{mode} {c.get('error', '-')}")
     comp = cell.get("compiled", {})
+    if comp.get("skip_guards", {}).get("decode_tok_s"):
+        sg = comp["skip_guards"]
+        parts.append(f"guards skipped {sg['decode_tok_s']:.0f} tok/s (step {sg['step_ms']:.2f} ms,"
+                     f" tokens as with all guards: {sg['same_tokens_as_guarded']})")
     if cell.get("rest_ms") is not None:
         parts.append(f"step {comp['step_ms']:.2f} ms = linear {cell['linear_ms']:.2f} + rest {cell['rest_ms']:.2f}")
     parts.append(describe_greedy(cell.get("greedy")))
@@ -358,6 +388,27 @@ def print_table(model_name: str, layers: int, prefill: int, rows: list[dict], ba
                      f" {num(c.get('linear_ms'))} {ratio(c0.get('linear_ms'), c.get('linear_ms'))} {num(c.get('rest_ms'), 9)}"
                      f"  {c.get('same_tokens_rows') or '-':>6}")
         print(line + f" | {r['weight_gb']:>6.2f} ({r['linear_weight_gb']:.2f}) {num(r.get('peak_gb'), 8, 1)}")
+    print_skipped_guards(rows, batches, tps, ratio, num)
+
+
+def print_skipped_guards(rows: list[dict], batches: list[int], tps, ratio, num) -> None:
+    """With ``--skip-guards``: per row and batch, compiled tok/s with dynamo's guards skipped, x BF16's in the
+    same mode, the step's change against every guard evaluated (ms), and whether the tokens agree."""
+    if not any("skip_guards" in ((r["decode"].get(str(b)) or {}).get("compiled") or {}) for r in rows for b in batches):
+        return
+    print("compiled, guards skipped (torch.compiler.set_stance(skip_guard_eval_unsafe=True)): tok/s, x BF16's,"
+          " step ms against all guards evaluated, tokens the same as with all guards")
+    base = rows[0]
+    for r in rows:
+        line = f"{r['path']:<22} {','.join(r['backends']):<10}"
+        for b in batches:
+            c, c0 = (r["decode"].get(str(b)) or {}), (base["decode"].get(str(b)) or {})
+            sg, sg0 = (c.get("compiled") or {}).get("skip_guards") or {}, (c0.get("compiled") or {}).get("skip_guards") or {}
+            full = (c.get("compiled") or {}).get("step_ms")
+            delta = sg["step_ms"] - full if sg.get("step_ms") and full else None
+            line += (f" | b{b} {num(tps({'s': sg}, 's'), 8, 0)} {ratio(tps({'s': sg}, 's'), tps({'s': sg0}, 's'))}"
+                     f" {num(delta, 6)} {str(sg.get('same_tokens_as_guarded', '-')):>5}")
+        print(line)
 
 
 def save(results: dict, notes: list[str], args, previous: pathlib.Path | None = None) -> pathlib.Path:
@@ -405,6 +456,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="FP8 paths also quantize lm_head (FP8Linear of the preset, counted in weights GB, timed in the rest)")
     ap.add_argument("--fp8-embedding", action="store_true",
                     help="FP8 paths also store the input embedding in FP8 (FP8Embedding: e4m3 rows, a scale per row)")
+    ap.add_argument("--skip-guards", action="store_true",
+                    help="also time each compiled cell under torch.compiler.set_stance(skip_guard_eval_unsafe=True)")
     ap.add_argument("--skip-eager", action="store_true",
                     help="no eager decode cell at any batch size (--eager-batches ''); the 32 eager reference tokens still run")
     ap.add_argument("--budget-s", type=float, default=None,

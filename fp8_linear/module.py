@@ -35,6 +35,17 @@ def _spec_fits(spec, w: torch.Tensor) -> bool:
     return spec.device == w.device and spec.weight_dtype == w.dtype and (spec.n, spec.k) == tuple(w.shape)
 
 
+def set_plan(layer: "FP8Linear", plan) -> None:
+    """Store ``plan`` (a ``LayerPlan`` or ``None``) on ``layer``: the object as ``_plan`` and its key as the
+    plain int ``_plan_key``, the one value of the layer a compiled forward reads besides its tensors
+    (:func:`_traced_forward`). An int in the module's own ``__dict__`` is a constant dynamo's guards can
+    skip while the dict is unchanged (``torch._dynamo.config.use_recursive_dict_tags_for_guards``); an
+    attribute of a Python object (``_plan.key``) makes the layer, and every module above it, evaluate its
+    whole guard subtree on every call."""
+    layer.__dict__["_plan"] = plan
+    layer.__dict__["_plan_key"] = None if plan is None else plan.key
+
+
 class FP8Linear(nn.Module):
     """``y = x @ W^T + b`` with ``W`` stored in FP8; the numerics of :func:`fp8_linear.fp8_gemm`.
 
@@ -64,7 +75,7 @@ class FP8Linear(nn.Module):
         bias_dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
-        self._plan = None  # the backend's LayerPlan, chosen on first use (plain attribute, not state)
+        set_plan(self, None)  # the backend's LayerPlan, chosen on first use (plain attribute, not state)
         self.scheme = resolve_scheme(scheme)
         if in_features <= 0 or out_features <= 0:
             raise ShapeError(f"in_features/out_features: expected positive sizes, got {in_features}/{out_features}")
@@ -164,7 +175,7 @@ class FP8Linear(nn.Module):
         device moves and after ``check()``; a replaced weight parameter or :func:`fp8_linear.settings.reload`
         makes the next call choose again."""
         plan = plan_layer(self)
-        self.__dict__["_plan"] = plan
+        set_plan(self, plan)
         return plan
 
     @property
@@ -231,7 +242,7 @@ class FP8Linear(nn.Module):
             return out
 
         out = super()._apply(keep_dtype, recurse)
-        self.__dict__["_plan"] = None
+        set_plan(self, None)
         self._try_prepare()  # tensors moved or changed: choose the backend for their device now
         return out
 
@@ -243,12 +254,16 @@ class FP8Linear(nn.Module):
         try:
             self.prepare()
         except BackendUnavailableError:
-            self.__dict__["_plan"] = None
+            set_plan(self, None)
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_plan"] = None  # a copy (deepcopy, pickle) chooses its backend on first use
+        state["_plan"] = state["_plan_key"] = None  # a copy (deepcopy, pickle) chooses its backend on first use
         return state
+
+    def __setstate__(self, state):
+        state.setdefault("_plan_key", None)  # pickled before the key was kept
+        super().__setstate__(state)
 
     def extra_repr(self) -> str:
         act = f"static input_scale={self.input_scale.item():.4g}" if self.input_scale is not None and self.input_scale.numel() == 1 and self.input_scale.device.type != "meta" else (
@@ -262,15 +277,15 @@ class FP8Linear(nn.Module):
 
 def _traced_forward(self: "FP8Linear", x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """:meth:`FP8Linear.forward` as ``torch.compile`` traces it: what dynamo must guard on every call of the compiled
-    model is one integer of this layer (its plan's ``key``) beside its tensors. The plan's backend, spec
+    model is one integer of this layer (``_plan_key``, :func:`set_plan`) beside its tensors. The plan's backend, spec
     and generation are read from the module-level ``SHARED_PLANS`` / ``BACKEND_SLOTS`` (one source for
     every layer of one spec: guarded once per spec, no aliasing check per layer); the caller checked the
     input's width against the weight's shape (a static fact of the tensor guard). No object-identity test
     either: a replaced weight of another device, dtype or shape fails dynamo's tensor guards, recompiles,
     and is re-planned here; one with the same properties is read fresh from ``_parameters`` by the
     backend's ops, as the plan allows."""
-    plan = self._plan
-    shared = None if plan is None else SHARED_PLANS[plan.key]
+    key = self._plan_key
+    shared = None if key is None else SHARED_PLANS[key]
     if shared is None or shared.generation != settings.GENERATION or not _spec_fits(shared.spec, w):
         shared = SHARED_PLANS[self.prepare().key]
     if x.requires_grad and torch.is_grad_enabled():

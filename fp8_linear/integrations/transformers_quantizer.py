@@ -32,7 +32,7 @@ from transformers.quantizers.base import HfQuantizer
 
 from ..errors import FP8LinearError
 from ..formats import FP8_DTYPES, SCALE_DTYPE
-from ..module import FP8Linear
+from ..module import FP8Linear, set_plan
 from ..quantize import quantize_fp8, scale_shape
 from ..scheme import QuantScheme
 from .host_memory import release_freed_host_memory
@@ -115,8 +115,8 @@ def pin_backend(name: str, layer_name: str, layer: FP8Linear) -> None:
         raise BackendUnavailableError(f"{layer_name}: FP8LinearConfig(backend={name!r}) cannot run this layer on {device}: {why}")
     backend.process_weights(layer)
     layer.__dict__[PINNED_ATTR] = name  # later re-plans (device moves, replaced weights) keep it
-    layer.__dict__["_plan"] = LayerPlan(backend, LinearSpec.of(layer), layer._parameters["weight"], settings.GENERATION,
-                                        f"chosen by FP8LinearConfig(backend={name!r})")
+    set_plan(layer, LayerPlan(backend, LinearSpec.of(layer), layer._parameters["weight"], settings.GENERATION,
+                              f"chosen by FP8LinearConfig(backend={name!r})"))
 
 
 class FP8LinearHfQuantizer(HfQuantizer):

@@ -30,3 +30,19 @@ def test_tiny_run_writes_every_measurement(tmp_path, capsys):
     assert ours["linear_weight_gb"] < rows["bf16"]["linear_weight_gb"]
     assert any("2 of 2" in n or "torchao" in n for n in doc["meta"]["notes"])
     assert "fp8-dynamic ours" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_skip_guards_cells_time_the_same_compiled_code(tmp_path, capsys):
+    """``--skip-guards``: each compiled cell also has its timing under
+    ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``, with the same tokens as with every guard, and
+    the report prints them."""
+    rc = e2e.main(["--tiny", "--device", "cpu", "--models", "llama3-8b", "--batches", "2", "--new-tokens", "3",
+                   "--prompt", "8", "--prefill", "16", "--reps", "1", "--presets", "fp8-tensor", "--cublaslt", "",
+                   "--no-torchao", "--skip-eager", "--skip-guards", "--out", str(tmp_path)])
+    assert rc == 0
+    doc = json.loads(next(tmp_path.glob("e2e-*.json")).read_text())
+    for row in doc["rows"]:
+        sg = row["decode"]["2"]["compiled"]["skip_guards"]
+        assert sg["decode_tok_s"] > 0 and sg["same_tokens_as_guarded"] is True, row["path"]
+    assert "guards skipped (torch.compiler.set_stance" in capsys.readouterr().out
