@@ -394,15 +394,17 @@ def print_table(model_name: str, layers: int, prefill: int, rows: list[dict], ba
 def print_skipped_guards(rows: list[dict], batches: list[int], tps, ratio, num) -> None:
     """With ``--skip-guards``: per row and batch, compiled tok/s with dynamo's guards skipped, x BF16's in the
     same mode, the step's change against every guard evaluated (ms), and whether the tokens agree."""
-    if not any("skip_guards" in ((r["decode"].get(str(b)) or {}).get("compiled") or {}) for r in rows for b in batches):
+    if not any("skip_guards" in ((r.get("decode", {}).get(str(b)) or {}).get("compiled") or {}) for r in rows for b in batches):
         return
     print("compiled, guards skipped (torch.compiler.set_stance(skip_guard_eval_unsafe=True)): tok/s, x BF16's,"
           " step ms against all guards evaluated, tokens the same as with all guards")
     base = rows[0]
     for r in rows:
+        if "decode" not in r:  # a path that could not run (its error is in the main table)
+            continue
         line = f"{r['path']:<22} {','.join(r['backends']):<10}"
         for b in batches:
-            c, c0 = (r["decode"].get(str(b)) or {}), (base["decode"].get(str(b)) or {})
+            c, c0 = (r["decode"].get(str(b)) or {}), (base.get("decode", {}).get(str(b)) or {})
             sg, sg0 = (c.get("compiled") or {}).get("skip_guards") or {}, (c0.get("compiled") or {}).get("skip_guards") or {}
             full = (c.get("compiled") or {}).get("step_ms")
             delta = sg["step_ms"] - full if sg.get("step_ms") and full else None
