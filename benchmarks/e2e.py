@@ -388,10 +388,10 @@ def print_table(model_name: str, layers: int, prefill: int, rows: list[dict], ba
                      f" {num(c.get('linear_ms'))} {ratio(c0.get('linear_ms'), c.get('linear_ms'))} {num(c.get('rest_ms'), 9)}"
                      f"  {c.get('same_tokens_rows') or '-':>6}")
         print(line + f" | {r['weight_gb']:>6.2f} ({r['linear_weight_gb']:.2f}) {num(r.get('peak_gb'), 8, 1)}")
-    print_skipped_guards(rows, batches, tps, ratio, num)
+    print_skipped_guards(rows, batches, ratio, num)
 
 
-def print_skipped_guards(rows: list[dict], batches: list[int], tps, ratio, num) -> None:
+def print_skipped_guards(rows: list[dict], batches: list[int], ratio, num) -> None:
     """With ``--skip-guards``: per row and batch, compiled tok/s with dynamo's guards skipped, x BF16's in the
     same mode, the step's change against every guard evaluated (ms), and whether the tokens agree."""
     if not any("skip_guards" in ((r.get("decode", {}).get(str(b)) or {}).get("compiled") or {}) for r in rows for b in batches):
@@ -408,7 +408,7 @@ def print_skipped_guards(rows: list[dict], batches: list[int], tps, ratio, num) 
             sg, sg0 = (c.get("compiled") or {}).get("skip_guards") or {}, (c0.get("compiled") or {}).get("skip_guards") or {}
             full = (c.get("compiled") or {}).get("step_ms")
             delta = sg["step_ms"] - full if sg.get("step_ms") and full else None
-            line += (f" | b{b} {num(tps({'s': sg}, 's'), 8, 0)} {ratio(tps({'s': sg}, 's'), tps({'s': sg0}, 's'))}"
+            line += (f" | b{b} {num(sg.get('decode_tok_s'), 8, 0)} {ratio(sg.get('decode_tok_s'), sg0.get('decode_tok_s'))}"
                      f" {num(delta, 6)} {str(sg.get('same_tokens_as_guarded', '-')):>5}")
         print(line)
 

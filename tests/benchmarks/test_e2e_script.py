@@ -33,10 +33,11 @@ def test_tiny_run_writes_every_measurement(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_skip_guards_cells_time_the_same_compiled_code(tmp_path, capsys):
+def test_skip_guards_cells_are_recorded_and_printed(tmp_path, capsys):
     """``--skip-guards``: each compiled cell also has its timing under
     ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``, with the same tokens as with every guard, and
-    the report prints them."""
+    the report prints them. On a CPU transformers does not compile ``generate``, so this checks the option's
+    path through the script (the stance, the timings, the token comparison, the table), not dynamo's guards."""
     rc = e2e.main(["--tiny", "--device", "cpu", "--models", "llama3-8b", "--batches", "2", "--new-tokens", "3",
                    "--prompt", "8", "--prefill", "16", "--reps", "1", "--presets", "fp8-tensor", "--cublaslt", "",
                    "--no-torchao", "--skip-eager", "--skip-guards", "--out", str(tmp_path)])
