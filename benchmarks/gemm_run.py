@@ -68,20 +68,29 @@ def format_summary(summary: dict) -> list[str]:
     return lines
 
 
+def _width(column: str) -> int:
+    """A time column's width: 13, or the label and one space where the label is longer."""
+    return max(13, len(column) + 1)
+
+
 def header(columns: list[str], ratios) -> str:
-    cols = "".join(f"{c:>13}" for c in columns)
+    cols = "".join(f"{c:>{_width(c)}}" for c in columns)
     rat = "".join(f"{ratio_name(p, m):>25}" for p, m in ratios)
     return f"{'layer':<22}{'M':>6}{'N':>7}{'K':>7} {'config':<16}|{cols} |{'TFLOPS':>7}{'TB/s':>6} |{rat}"
 
 
 def format_row(row: dict, columns: list[str], ratios) -> str:
-    """One table line: times in us ('n/a' where a candidate did not run), ours' TFLOPS and TB/s, ratios."""
-    cols = "".join(f"{row['us'][c]:13.1f}" if row["us"].get(c) is not None else f"{'n/a':>13}" for c in columns)
+    """One table line: times in us ('n/a' where a candidate did not run), ours' TFLOPS and TB/s, ratios.
+    The config shown is the block path's choice where the table has an ``ours_block`` column, else the
+    per-tensor choice."""
+    cols = "".join(f"{row['us'][c]:{_width(c)}.1f}" if row["us"].get(c) is not None else f"{'n/a':>{_width(c)}}"
+                   for c in columns)
+    config = row.get("config_block", row["config"]) if "ours_block" in columns else row["config"]
     rat = "".join(f"{row['ratios'][ratio_name(p, m)]:25.3f}" if row['ratios'].get(ratio_name(p, m)) is not None
                   else f"{'-':>25}" for p, m in ratios)
     tf = f"{row['tflops']:7.0f}" if row.get("tflops") is not None else f"{'-':>7}"
     tb = f"{row['tbps']:6.2f}" if row.get("tbps") is not None else f"{'-':>6}"
-    return f"{row['layer'][:21]:<22}{row['M']:>6}{row['N']:>7}{row['K']:>7} {row['config'][:15]:<16}|{cols} |{tf}{tb} |{rat}"
+    return f"{row['layer'][:21]:<22}{row['M']:>6}{row['N']:>7}{row['K']:>7} {config[:15]:<16}|{cols} |{tf}{tb} |{rat}"
 
 
 def calc_diff(x, y) -> float:

@@ -141,6 +141,16 @@ def test_table_row_prints_na_and_ratios():
     assert math.isclose(R.calc_diff(torch.ones(4), torch.ones(4)), 0.0, abs_tol=1e-15)
 
 
+def test_long_forced_config_labels_stay_separate_and_block_tables_show_the_block_choice():
+    cols = ["ours_block", "bf16", "cfgswap64x128_2wg", "cfgtile128x128_2acc"]
+    row = _row(128, {c: 15.0 for c in cols})
+    row["config_block"] = "tile128x128_2acc"
+    head, line = R.header(cols, []), R.format_row(row, cols, [])
+    assert "bf16 cfgswap64x128_2wg cfgtile128x128_2acc" in head
+    assert len(head) == len(line) and "tile128x128_2ac" in line
+    assert " 7 " in R.format_row(row, ["ours", "bf16"], [])  # a per-tensor table shows the per-tensor choice
+
+
 def test_runs_as_a_module_from_the_repository_root():
     import pathlib
     import subprocess
