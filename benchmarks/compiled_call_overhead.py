@@ -17,6 +17,9 @@ their own). Each path runs in its own process (no other compiled entry to fail t
 - ``guards``: leaf guards of the cache entry that serves the steady calls (dynamo's C++ guard tree), of
   them ``lambda``: the conditions of guards evaluated in Python (mostly object aliasing: one object
   reached by two paths);
+- ``checked``: of the leaf guards, those a steady call evaluates where dynamo's recursive dict-tag guards
+  skip the subtree of a module whose dicts are unchanged (``--dict-tags``: torch 2.11's default, the GPU's;
+  without it every guard is checked), plus one tag check per skipped subtree;
 - ``stores``: attribute stores dynamo replays after the graph (side effects of the traced forward),
   counted as calls of its store helper during one call.
 
@@ -28,6 +31,7 @@ Runs on a CPU:
 
     python -m benchmarks.compiled_call_overhead [--layers 8] [--paths bf16,fp8-tensor,fp8-channel,fp8-dynamic]
     python -m benchmarks.compiled_call_overhead --layers 32 --paths bf16,fp8-channel+fused,fp8-dynamic+fused
+    python -m benchmarks.compiled_call_overhead --layers 32 --dict-tags --paths bf16,fp8-channel,fp8-channel+fused
 """
 
 from __future__ import annotations
@@ -46,6 +50,26 @@ PATHS = ("bf16", "fp8-tensor", "fp8-channel", "fp8-dynamic")
 FUSED, HEAD, EMB = "fused", "head", "emb"
 #: The small Llama: only the structure matters (layers, modules, tensors), not the width.
 CONFIG = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+
+
+def tag_checked_guards(root) -> int:
+    """Leaf guards of a dynamo guard tree (``cache_entry.guard_manager``) that a call evaluates while every
+    "tag safe root" (a module whose guarded subtree dynamo skips while its dicts are unchanged, under
+    ``torch._dynamo.config.use_recursive_dict_tags_for_guards``) is unchanged, plus one check per such root;
+    every leaf guard where the tree marks no root (the option off, or a torch without it)."""
+    root = getattr(root, "root", root)
+    todo, checked = [root], 0
+    while todo:
+        m = todo.pop()
+        if getattr(m, "is_tag_safe_root", lambda: False)():
+            checked += 1  # its dicts' tags are compared; the subtree below is skipped
+            continue
+        checked += len(m.get_leaf_guards())
+        todo.extend(m.get_child_managers())
+        if hasattr(m, "get_key_value_managers"):
+            for pair in m.get_key_value_managers().values():
+                todo.extend(k for k in (pair if isinstance(pair, tuple) else (pair,)) if k is not None)
+    return checked + len(root.get_epilogue_lambda_guards() if hasattr(root, "get_epilogue_lambda_guards") else [])
 
 
 def frame_locals(fn, args: tuple, kwargs: dict) -> dict:
@@ -127,20 +151,23 @@ def steady_entry(model):
     return entries[0] if entries else None
 
 
-def measure(path: str, layers: int, calls: int) -> dict:
-    """``{path, layers, us_per_call, guard_us, graph_inputs, guards, lambda_guards, stores}`` of one path, in this
-    process."""
+def measure(path: str, layers: int, calls: int, dict_tags: bool = False) -> dict:
+    """``{path, layers, us_per_call, guard_us, graph_inputs, guards, lambda_guards, checked, stores}`` of one path,
+    in this process (``dict_tags``: with dynamo's recursive dict-tag guards on)."""
     import torch
 
+    if dict_tags:
+        torch._dynamo.config.use_recursive_dict_tags_for_guards = True
     model, step, kw, inputs = compiled_step(path, layers)
     with torch.inference_mode():
         best, stores = time_calls(step, kw, calls)
         entry = steady_entry(model)
         guards, lambdas = count_guards(entry.guard_manager) if entry else (-1, -1)
+        checked = tag_checked_guards(entry.guard_manager) if entry else -1
         g = guard_seconds(entry.guard_manager, frame_locals(model.forward, (), kw), calls) if entry else None
     return dict(path=path, layers=layers, us_per_call=round(best * 1e6, 1),
                 guard_us=None if g is None else round(g * 1e6, 1), graph_inputs=inputs["n"], guards=guards,
-                lambda_guards=lambdas, stores=stores)
+                lambda_guards=lambdas, checked=checked, stores=stores)
 
 
 def main(argv=None) -> int:
@@ -148,27 +175,32 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--paths", default=",".join(PATHS))
     ap.add_argument("--calls", type=int, default=1000, help="single calls timed per path (the fastest is reported)")
+    ap.add_argument("--dict-tags", action="store_true",
+                    help="dynamo's recursive dict-tag guards on (torch 2.11's default; off by default in torch 2.13)")
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child process of one path
     args = ap.parse_args(argv)
     if args.one:
-        print(json.dumps(measure(args.one, args.layers, args.calls)))
+        print(json.dumps(measure(args.one, args.layers, args.calls, args.dict_tags)))
         return 0
     rows = []
     for path in args.paths.split(","):
         out = subprocess.run([sys.executable, "-m", "benchmarks.compiled_call_overhead", "--one", path,
-                              "--layers", str(args.layers), "--calls", str(args.calls)],
+                              "--layers", str(args.layers), "--calls", str(args.calls),
+                              *(["--dict-tags"] if args.dict_tags else [])],
                              capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     base = rows[0]["us_per_call"]
     linears = 7 * args.layers
-    print(f"compiled decode step, {args.layers} layers ({linears} linear layers): host cost per call beyond running it")
+    tags = ", dict-tag guards on" if args.dict_tags else ""
+    print(f"compiled decode step, {args.layers} layers ({linears} linear layers{tags}): host cost per call beyond "
+          "running it")
     print(f"{'path':<18} {'us':>8} {'per linear':>11} {'guard us':>9} {'inputs':>7} {'guards':>7} {'lambda':>7} "
-          f"{'stores':>7}")
+          f"{'checked':>8} {'stores':>7}")
     for r in rows:
         g = "-" if r["guard_us"] is None else f"{r['guard_us']:.1f}"
         print(f"{r['path']:<18} {r['us_per_call']:>8.1f} {(r['us_per_call'] - base) / linears:>+11.2f} {g:>9} "
-              f"{r['graph_inputs']:>7} {r['guards']:>7} {r['lambda_guards']:>7} {r['stores']:>7}")
+              f"{r['graph_inputs']:>7} {r['guards']:>7} {r['lambda_guards']:>7} {r['checked']:>8} {r['stores']:>7}")
     print(f"(per linear: us per linear layer against {rows[0]['path']})")
     if args.json:
         with open(args.json, "w") as f:

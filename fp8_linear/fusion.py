@@ -8,17 +8,26 @@ weights become row views of it: no copy of the model is kept) and makes the grou
 output. transformers' model code is left as it is: the members stay ``FP8Linear`` modules with the
 same names, parameters and state-dict keys (docs/serving.md, "Fused projections").
 
-How a call goes. A plain Python object per group (:class:`SiblingGroup`, not an ``nn.Module``) holds
-the fused layer and, while its parent module's forward runs (a pre-hook and an ``always_call`` hook on
-the parent), the fused output of the current input keyed by that tensor's identity. The first member
-called computes it and the other members take their column slices; the last one clears it, and the
-parent's hook clears whatever is left, so nothing tensor-valued survives a forward (dynamo's guards
-see the same Python state at every call: no recompiles). A member called with another tensor (a
-cross-attention ``k_proj`` on the encoder states), twice with one tensor, or outside its parent's
-forward (a user calling ``q_proj`` alone) runs its own GEMM on its own rows of the fused weight. A group
-whose forward ended with members not served (its members do not read one tensor) stops fusing from
-then on (:attr:`SiblingGroup.disabled_reason` says why; under ``torch.compile`` that is one
-recompile).
+How a call goes. A group (:class:`SiblingGroup`, an ``nn.Module`` that no module tree holds: a
+member keeps it in its ``__dict__`` as ``_fusion``, so no parameter list or state dict sees it) holds
+the fused layer. While its parent module's forward runs (a pre-hook and an ``always_call`` hook on the
+parent) the module-level :data:`_ROUNDS` holds the group's round: the input the fused output was
+computed for (by that tensor's identity), the output and a bit per member already given its slice. The
+first member called computes it and the other members take their column slices; the last one drops the
+output, and the parent's hook removes the round, so nothing tensor-valued survives a forward (dynamo's
+guards see the same Python state at every call: no recompiles). A member called with another tensor (a
+cross-attention ``k_proj`` on the encoder states), twice with one tensor, or outside its parent's forward
+(a user calling ``q_proj`` alone) runs its own GEMM on its own rows of the fused weight. A group whose
+forward ended with members not served (its members do not read one tensor) stops fusing from then on
+(:attr:`SiblingGroup.disabled_reason` says why; under ``torch.compile`` that is one recompile).
+
+Under ``torch.compile`` everything a traced forward reads of a group is reached from the module tree:
+the parent's ``_fusion_leads`` and the members' ``_fusion_slot`` (tuples of strings and ints), the group
+(an ``nn.Module`` in the lead member's ``__dict__``: its ``enabled`` and the fused ``FP8Linear``), so that
+with dynamo's recursive dict-tag guards a fused decoder layer is skipped while unchanged, as an unfused
+one is; the rounds are one global dict (two guards for the whole model, empty again at the end of each
+forward).
+docs/serving-investigations.md, "Locating the batch-64 idle", has the guard counts.
 
 Exactness: the fused layer quantizes the activation exactly as each member would (members must agree:
 the same static ``input_scale`` value, or the same dynamic mode), and its weight scale gives every
@@ -59,20 +68,26 @@ CROSS_ATTENTION_HINTS = ("encoder_attn", "crossattention", "cross_attn", "cross_
 CROSS_ATTENTION_PATTERNS: tuple[tuple[str, ...], ...] = (("k_proj", "v_proj"), ("key", "value"), ("k", "v"))
 #: Plain attribute of a parent module: its fused groups (a tuple).
 _GROUPS_ATTR = "_fusion_groups"
-#: Plain attribute of a parent module: the name of each group's first member (a tuple, in group order).
+#: Plain attribute of a parent module: ``(name of the first member, full)`` of each group (a tuple, in group
+#: order; ``full``: a bit per member), what its hooks read under ``torch.compile`` (ints and strings: dict-tag safe).
 _LEADS_ATTR = "_fusion_leads"
-#: Every live group by its ``key`` (weak references: a registry entry keeps nothing alive). A compiled
-#: forward reaches a group only here, by the key in a member's ``_fusion_slot``: one source per group,
-#: so dynamo checks no aliasing between the paths of a parent and of each member to it.
+#: Every live group by its ``key`` (weak references: a registry entry keeps nothing alive); read eagerly
+#: only (introspection, tests), never by a traced forward.
 _GROUPS: dict[int, "weakref.ref[SiblingGroup]"] = {}
 #: Keys of :data:`_GROUPS`, each given once. Not ``backends.base._new_key`` (the smallest free key of the
 #: shared-plan tables, which never shrink): entries here go (a group's weak reference dies, ``detach``), and
 #: a freed key given again would let a dead group's key (a ``_fusion_slot`` constant in compiled code) name
 #: another group. Taken only eagerly (fusing, copying), never inside a trace.
 _keys = itertools.count()
-_compiling = torch.compiler.is_compiling
-#: A group's ``_state`` while its parent's forward runs and no round is open.
-_OPEN = "open"
+#: The open rounds, by group key: ``(input or None, fused output or None, bit per member served, bits of all
+#: members)``. A parent's pre-hook opens ``(None, None, 0, full)`` for each of its groups that fuses, its
+#: closing hook removes them: between forwards the dict is empty. One global dict for every group of every
+#: model: a compiled forward guards it twice (its type, that it is empty) and replays its mutations as one
+#: ``clear`` / ``update`` (no attribute store), where a round kept on each group cost guards and a replayed
+#: store per group. Eagerly each group has its own entry (forwards of other models on other threads do not
+#: touch it); a compiled forward's replay clears the whole dict, so an eager forward on another thread at
+#: that moment runs its members apart for that forward (the same values up to the order of FP32 sums).
+_ROUNDS: dict[int, tuple] = {}
 #: Rows of a 128x128 weight block (block scales concatenate only at multiples of it).
 BLOCK_ROWS = GROUP_SIZE
 
@@ -200,49 +215,46 @@ def _register(group: "SiblingGroup") -> int:
     return key
 
 
-class SiblingGroup:
-    """The runtime state of one fused group (a plain Python object, so that no module tree, state
-    dict or parameter list sees it): the fused ``FP8Linear`` (``fused``), the member modules with their
-    row ranges, and the per-forward cache (``_state``: the input the fused output was computed for,
-    that output ``[..., N_total]`` and a bit per member already given its slice). Between forwards it
-    is ``None``; a compiled forward replays one store of it per group (``self._state = None`` in the
-    parent's closing hook). Deleting the attribute instead, which would leave no store, made torch 2.11's
-    dynamo replay a ``del`` of an attribute the object did not have (AttributeError in compiled
-    static-cache ``generate`` on the H200, 2026-12-02; torch 2.13 on the CPU did not).
-    ``disabled_reason`` is set once the group stops fusing; ``key`` is its entry in the registry a compiled
-    forward reads (a copy gets a new one)."""
+class SiblingGroup(nn.Module):
+    """One fused group: the fused ``FP8Linear`` (``fused``), the member modules with their row ranges
+    (``bounds``), ``full`` (a bit per member) and whether it fuses now (``enabled``; ``disabled_reason``
+    says why not). An ``nn.Module`` that no module tree holds (each member keeps it in its ``__dict__``
+    as ``_fusion``; not a child: no parameter list, state dict or ``model.modules()`` sees it), so that
+    a compiled forward reaches it from the module tree and dynamo's recursive dict-tag guards skip it
+    while it is unchanged, as they skip the member. A forward's round is not kept here but in
+    :data:`_ROUNDS` under ``key`` (a copy gets a new key): an attribute of the group set and reset by every
+    forward would be a store replayed per group after a compiled graph (torch 2.13) and, on a module,
+    would change the dict a dict-tag guard checks."""
 
     def __init__(self, parent_name: str, names: tuple[str, ...], members: list[FP8Linear], fused: FP8Linear):
-        self.parent_name, self.names, self.members, self.fused = parent_name, names, members, fused
+        super().__init__()
         bounds, start = [], 0
         for m in members:
             bounds.append((start, start + m.out_features))
             start += m.out_features
-        self.bounds = tuple(bounds)
-        self.full = (1 << len(members)) - 1
-        self.kinds = tuple(_weight_kind(m) for m in members)
-        self.enabled = True
-        #: Why the members stopped being exact to fuse (a load of differing scales), or None.
-        self.exact_reason: str | None = None
-        #: Why a forward showed that the members do not read one tensor, or None.
-        self.runtime_reason: str | None = None
-        #: ``None`` outside the parent's forward; inside it :data:`_OPEN` (no round yet) or
-        #: ``(input, fused output or None once every member took its slice, bit per member served)``.
-        self._state = None
+        # plain attributes (``__dict__``), not registered: ``fused`` is no child module of the group either
+        self.__dict__.update(parent_name=parent_name, names=names, members=members, fused=fused,
+                             bounds=tuple(bounds), full=(1 << len(members)) - 1,
+                             kinds=tuple(_weight_kind(m) for m in members), enabled=True,
+                             exact_reason=None, runtime_reason=None)
+        #: ``exact_reason``: why the members stopped being exact to fuse (a load of differing scales), or None;
+        #: ``runtime_reason``: why a forward showed that the members do not read one tensor, or None.
         self.key = _register(self)
 
+    @property
+    def _state(self):
+        """This group's open round in :data:`_ROUNDS` (``None`` outside its parent's forward)."""
+        return _ROUNDS.get(self.__dict__.get("key"))
+
     def __getstate__(self):
-        state = self.__dict__.copy()
-        state.pop("_state", None)  # nothing of a forward in progress is copied
-        return state
+        return self.__dict__.copy()  # no round: those live in _ROUNDS, not on the group
 
     def __setstate__(self, state) -> None:
         """A copy (``copy.deepcopy``, pickle) registers under a new key; members already copied follow it and
         are linked to the copied fused tensors again (``Parameter`` copies are independent clones: their views
         would be lost); the others do both in :meth:`FusedFP8Linear.__setstate__`."""
         self.__dict__.update(state)
-        self._state = None
-        self.key = _register(self)
+        self.__dict__["key"] = _register(self)
         for i, m in enumerate(self.__dict__.get("members", ())):
             if m.__dict__.get("_fusion") is self:
                 self.adopt(m, i)
@@ -253,45 +265,18 @@ class SiblingGroup:
         member.__dict__["_fusion_slot"] = (self.key, *member.__dict__["_fusion_slot"][1:])
         self.link(index)
 
-    # ------------------------------------------------------------------ calls
-    def run(self, index: int, start: int, stop: int, member: FP8Linear, x):
-        """Member ``index``'s output for ``x``: the column slice ``start:stop`` of the fused output when the
-        group runs fused for this ``x``, else the member's own GEMM (its rows of the fused weight).
+    def extra_repr(self) -> str:
+        return f"{self.parent_name or 'model'}.{{{','.join(self.names)}}}, key={self.key}, enabled={self.enabled}"
 
-        A round starts when the parent's forward has no round open and ``x`` is not the input of the
-        round that just completed (a member called again on it runs apart); it completes when every
-        member has taken its slice, which drops the fused output (the input stays named until the parent
-        returns). All of it is one attribute, ``_state``, so that a compiled forward replays one store."""
-        state = self._state
-        if state is not None and self.enabled:
-            if state is _OPEN or (state[1] is None and state[0] is not x):
-                out = FP8Linear.forward(self.fused, x)  # the fused layer is internal: no module call (and its guards)
-                self._state = (x, out, 1 << index)
-                return out[..., start:stop]
-            key, out, served = state
-            if key is x and out is not None and not (served >> index) & 1:
-                served |= 1 << index
-                self._state = (x, None, 0) if served == self.full else (x, out, served)
-                return out[..., start:stop]
-        return FP8Linear.forward(member, x)
-
-    def _open(self) -> None:
-        self._state = _OPEN
-
-    def _close(self) -> None:
-        state = self._state
-        if state is None:
-            return
-        if state is not _OPEN and state[1] is not None:
-            # A forward ended with members that did not take the fused output: they do not all read one
-            # tensor here (cross-attention, shared key/value layers). Run them apart from now on.
-            self.enabled = False
-            self.runtime_reason = (f"a forward of {self.parent_name or 'the model'} did not call every member "
-                                   "with the tensor the fused output was computed for")
-            if not torch.compiler.is_compiling():
-                logger.warning("fp8_linear: %s.{%s} no longer fused: %s", self.parent_name, ",".join(self.names),
-                               self.runtime_reason)
-        self._state = None
+    def _stop_fusing(self) -> None:
+        """A forward ended with members that did not take the fused output: they do not all read one tensor
+        here (cross-attention, shared key/value layers). Run them apart from now on."""
+        self.enabled = False
+        self.runtime_reason = (f"a forward of {self.parent_name or 'the model'} did not call every member "
+                               "with the tensor the fused output was computed for")
+        if not torch.compiler.is_compiling():
+            logger.warning("fp8_linear: %s.{%s} no longer fused: %s", self.parent_name, ",".join(self.names),
+                           self.runtime_reason)
 
     # ------------------------------------------------------------------ tensors
     def link(self, index: int) -> None:
@@ -354,7 +339,7 @@ class SiblingGroup:
         groups = tuple(g for g in parent.__dict__.get(_GROUPS_ATTR, ()) if g is not self)
         if groups:
             parent.__dict__[_GROUPS_ATTR] = groups
-            parent.__dict__[_LEADS_ATTR] = tuple(g.names[0] for g in groups)
+            parent.__dict__[_LEADS_ATTR] = _leads(groups)
         else:
             _remove_hooks(parent)
             parent.__dict__.pop(_GROUPS_ATTR, None)
@@ -369,7 +354,7 @@ class SiblingGroup:
             for attr in ("_fusion", "_fusion_slot"):
                 m.__dict__.pop(attr, None)
             m._try_prepare()
-        self._state = None
+        _ROUNDS.pop(self.key, None)
         _GROUPS.pop(self.key, None)
 
 
@@ -388,13 +373,30 @@ class FusedFP8Linear(FP8Linear):
         raise TypeError("FusedFP8Linear is made by fp8_linear.fuse_projections(model), not constructed directly")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Member ``index``'s output for ``x``: the column slice ``start:stop`` of the fused output when its
+        group runs fused for this ``x``, else the member's own GEMM (its rows of the fused weight).
+
+        A round starts when the parent's forward has a round open for the group (:data:`_ROUNDS`) with no
+        fused output, and ``x`` is not the input of the round that just completed (a member called again on
+        it runs apart); it completes when every member has taken its slice, which drops the fused output (the
+        input stays named until the parent returns)."""
         # ``_fusion_slot``: (the group's key, this member's index, its first and last + 1 fused output column),
-        # one constant tuple: one guard of a traced call. Traced, the group is found in the registry by its key
-        # (one source for the group: no aliasing check); called through the class: no guard on the instance
-        # not shadowing ``run``.
+        # a tuple of ints in the member's own ``__dict__``: one dict-tag safe constant of a traced call. Only the
+        # member that computes the fused output reaches the group (``_fusion``): with the parent's hooks, through
+        # the lead member, one source for the group in the usual call order (no aliasing check).
         key, index, start, stop = self._fusion_slot
-        group = _GROUPS[key]() if _compiling() else self._fusion
-        return SiblingGroup.run(group, index, start, stop, self, x)
+        state = _ROUNDS.get(key)
+        if state is not None:
+            src, out, served, full = state
+            if out is None and src is not x:
+                out = FP8Linear.forward(self._fusion.fused, x)  # internal: no module call (and its guards)
+                _ROUNDS[key] = (x, out, 1 << index, full)
+                return out[..., start:stop]
+            if src is x and out is not None and not (served >> index) & 1:
+                served |= 1 << index
+                _ROUNDS[key] = (x, None, 0, full) if served == full else (x, out, served, full)
+                return out[..., start:stop]
+        return FP8Linear.forward(self, x)
 
     def __setstate__(self, state) -> None:
         """A copy follows its copied group's key and views its copied fused tensors again (see
@@ -481,25 +483,33 @@ def _fused_layer(members: list[FP8Linear]) -> FP8Linear:
     return fused
 
 
-def _parent_groups(module: nn.Module):
-    """A parent's groups: its own tuple eagerly; traced, from the registry by the keys of their first
-    members (reached as the parent's forward reaches them: the same sources)."""
-    if _compiling():
-        children = module._modules
-        return [_GROUPS[children[name]._fusion_slot[0]]() for name in module._fusion_leads]
-    return module._fusion_groups
+def _leads(groups) -> tuple[tuple[str, int], ...]:
+    """A parent's ``_fusion_leads``: ``(first member's name, full)`` of each of its ``groups``."""
+    return tuple((g.names[0], g.full) for g in groups)
 
 
 def _open_groups(module: nn.Module, args) -> None:
-    """Forward pre-hook of a parent: its groups may fuse during this forward."""
-    for g in _parent_groups(module):
-        SiblingGroup._open(g)
+    """Forward pre-hook of a parent: its groups that fuse may fuse during this forward (a round opened in
+    :data:`_ROUNDS`). A group is reached through its first member (``_fusion_leads``), as the parent's forward
+    reaches the members: under ``torch.compile`` the same sources, and what is read is the member's slot (the
+    key) and the group's ``enabled``."""
+    children = module._modules
+    for name, full in module._fusion_leads:
+        lead = children[name]
+        if lead._fusion.enabled:
+            _ROUNDS[lead._fusion_slot[0]] = (None, None, 0, full)
 
 
-def _close_groups(module: nn.Module, args, output) -> None:
-    """Forward hook (``always_call``) of a parent: nothing of this forward stays cached."""
-    for g in _parent_groups(module):
-        SiblingGroup._close(g)
+def _close_groups(module: nn.Module, args, *_kwargs_output) -> None:
+    """Forward hook (``always_call``, ``with_kwargs``: called with the parent's kwargs and output, ignored) of
+    a parent: its rounds are removed (nothing of this forward stays cached); a group with members not served
+    stops fusing."""
+    children = module._modules
+    for name, _ in module._fusion_leads:
+        lead = children[name]
+        state = _ROUNDS.pop(lead._fusion_slot[0], None)
+        if state is not None and state[1] is not None:
+            SiblingGroup._stop_fusing(lead._fusion)
 
 
 def _remove_hooks(parent: nn.Module) -> None:
@@ -525,9 +535,11 @@ def _attach(model: nn.Module, parent_name: str, names: tuple[str, ...]) -> Fused
         group.link(i)
     if _GROUPS_ATTR not in parent.__dict__:
         parent.register_forward_pre_hook(_open_groups)
-        parent.register_forward_hook(_close_groups, always_call=True)
+        # with_kwargs: torch's _call_impl then tests the hook's id in the parent's own with-kwargs dict (a
+        # dict-tag safe guard) and never in the global one (a guard per hooked parent on every compiled call)
+        parent.register_forward_hook(_close_groups, with_kwargs=True, always_call=True)
     parent.__dict__[_GROUPS_ATTR] = parent.__dict__.get(_GROUPS_ATTR, ()) + (group,)
-    parent.__dict__[_LEADS_ATTR] = tuple(g.names[0] for g in parent.__dict__[_GROUPS_ATTR])
+    parent.__dict__[_LEADS_ATTR] = _leads(parent.__dict__[_GROUPS_ATTR])
     return FusedGroupInfo(parent_name, names, tuple(m.out_features for m in members), fused.in_features,
                           _weight_kind(fused))
 

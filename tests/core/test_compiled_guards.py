@@ -7,14 +7,18 @@ call of the compiled model. On a tiny Llama's compiled static-cache decode step 
 backend; ``benchmarks.compiled_call_overhead`` measures the same):
 
 - FP8 layers (plain and fused groups) add no Python guard per decoder layer: the growth per layer equals
-  BF16's, and no Python guard mentions a plan or a group; plain FP8 layers add no replayed store, a fused
-  group at most one (its ``_state = None`` at the end of the parent's forward: fp8_linear/fusion.py says
-  why; torch 2.13 replays it, 2.11 does not);
+  BF16's, and no Python guard mentions a plan or a group; neither adds a replayed store (a fused group's
+  round lives in ``fp8_linear.fusion._ROUNDS``, a dict emptied again by the end of each forward, not in an
+  attribute that torch 2.13 would replay);
 - each FP8Linear a forward runs costs one guard on its plan: its key, an int in the module's own
   ``__dict__`` (``fp8_linear.module.set_plan``), so that with dynamo's recursive dict-tag guards the layer
   and every module above it are skipped while unchanged; the plan's fields are guarded once per spec;
 - a deep copy of a fused model registers its own groups (new keys), its members view its own fused
-  buffers, and its compiled forward runs them: bitwise its own eager output, not the original's.
+  buffers, and its compiled forward runs them: bitwise its own eager output, not the original's;
+- with dynamo's recursive dict-tag guards (torch 2.11's default, the GPU's) a steady call checks as many
+  guards per decoder layer with q/k/v and gate/up fused as BF16 and unfused FP8 do: everything a fused
+  group's traced forward reads is reached from the module tree (tag safe), the rounds of every group are
+  one global dict guarded once per model.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import copy
 import pytest
 import torch
 
-from benchmarks.compiled_call_overhead import compiled_step, count_guards, guard_conditions, steady_entry, time_calls
+from benchmarks.compiled_call_overhead import (compiled_step, count_guards, guard_conditions, steady_entry,
+                                               tag_checked_guards, time_calls)
 from fp8_linear.fusion import fusion_groups
 
 #: FP8 modules a decoder layer runs per forward: 7 linears, or with q/k/v and gate/up fused 2 groups + o + down.
@@ -58,11 +63,10 @@ def test_fp8_layers_add_no_python_guard_per_layer(facts, path):
     bf16 = facts["bf16", 2]["lambdas"] - facts["bf16", 1]["lambdas"]
     ours = facts[path, 2]["lambdas"] - facts[path, 1]["lambdas"]
     assert ours == bf16, f"{path}: {ours} Python guards per decoder layer, BF16 {bf16}"
-    groups = 2 if path.endswith("+fused") else 0  # q/k/v and gate/up of each decoder layer
     stores = [facts[path, n]["stores"] - facts["bf16", n]["stores"] for n in (1, 2)]
-    # at most the groups' one store each (torch 2.13 replays it, 2.11 elides the store of an unchanged None)
-    assert all(0 <= s <= n * groups for n, s in zip((1, 2), stores)), f"{path}: {stores} stores beyond BF16's"
-    python = [c for lam, c in facts[path, 2]["conds"] if lam and ("_plan" in c or "_fusion" in c or "GROUPS" in c)]
+    assert stores == [0, 0], f"{path}: {stores} stores beyond BF16's"
+    python = [c for lam, c in facts[path, 2]["conds"]
+              if lam and ("_plan" in c or "_fusion" in c or "GROUPS" in c or "ROUNDS" in c)]
     assert not python, python[:3]
 
 
@@ -114,11 +118,52 @@ def test_fp8_layers_are_dict_tag_safe(path):
     tree = str(steady_entry(model).guard_manager)
     if "tag_safe=" not in tree:
         pytest.skip("this torch prints no dict-tag safety in its guard tree")
-    # the model's own modules (the per-spec shared plans and the per-group registry are global sources, each
-    # guarded once, not per decoder layer)
-    layer_types = ("type=<class 'fp8_linear.module.FP8Linear'>", "type=<class 'fp8_linear.fusion.FusedFP8Linear'>")
+    # the model's own modules and the fused groups (the per-spec shared plans and the rounds' dict are global
+    # sources, guarded once, not per decoder layer)
+    layer_types = ("type=<class 'fp8_linear.module.FP8Linear'>", "type=<class 'fp8_linear.fusion.FusedFP8Linear'>",
+                   "type=<class 'fp8_linear.fusion.SiblingGroup'>")
     ours = [line for line in tree.splitlines()
             if "GuardManager: source=L[" in line and any(t in line for t in layer_types)]
     assert ours, "no guard manager of an FP8 layer in the tree"
     unsafe = [line.strip()[:200] for line in ours if "tag_safe=(False" in line]
     assert not unsafe, unsafe[:3]
+
+
+@pytest.fixture(scope="module")
+def tagged():
+    """Per ``(path, decoder layers)``: the guards a steady call checks with dict-tag guards on, the leaf guards
+    and the conditions of the compiled decode step's cache entry."""
+    out = {}
+    with torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=True):
+        for path in ("bf16", "fp8-tensor", "fp8-channel+fused", "fp8-dynamic+fused"):
+            for layers in (1, 2):
+                torch._dynamo.reset()
+                model, step, kw, _ = compiled_step(path, layers)
+                with torch.inference_mode():
+                    _, stores = time_calls(step, kw, 1)
+                entry = steady_entry(model)
+                out[path, layers] = dict(checked=tag_checked_guards(entry.guard_manager), stores=stores,
+                                         tree=str(entry.guard_manager), conds=guard_conditions(entry.guard_manager))
+    torch._dynamo.reset()
+    return out
+
+
+@pytest.mark.parametrize("path", ["fp8-channel+fused", "fp8-dynamic+fused"])
+def test_fused_groups_add_no_checked_guard_per_layer(tagged, path):
+    """Per decoder layer (the second one: the first is checked in full on every path, transformers' class-level
+    guards hang under it) a steady call checks the fused model's guards no more than BF16's or unfused FP8's:
+    the two groups of a layer are reached from the module tree (the lead member's ``_fusion``, an ``nn.Module``
+    in its ``__dict__``), not from a global registry (before: 6 checked guards a group, 12 a layer); the
+    rounds add two guards for the whole model (``_ROUNDS``' type, that it is empty) and no store."""
+    if "tag_safe=" not in tagged["bf16", 2]["tree"]:
+        pytest.skip("this torch prints no dict-tag safety in its guard tree")
+    per_layer = {p: tagged[p, 2]["checked"] - tagged[p, 1]["checked"] for p in ("bf16", "fp8-tensor", path)}
+    assert per_layer[path] <= per_layer["fp8-tensor"] and per_layer[path] <= per_layer["bf16"], per_layer
+    for layers in (1, 2):
+        conds = [c for _, c in tagged[path, layers]["conds"]]
+        assert not [c for c in conds if "_GROUPS" in c], "a group reached from the registry"
+        # of fp8_linear.fusion's globals, beside the identity of what it calls (a class, a function's code):
+        # the rounds' dict only
+        globals_ = [c for c in conds if "G['__import_fp8_linear_dot_fusion']." in c and "___check_obj_id(" not in c]
+        assert all("._ROUNDS" in c for c in globals_) and len(globals_) <= 2, globals_
+        assert tagged[path, layers]["stores"] == tagged["bf16", layers]["stores"]
