@@ -31,6 +31,7 @@ scales; 128x128 blocks need the concatenated layout.
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -53,13 +54,28 @@ _BIAS = {"gate_up_proj": "gate_up_proj_bias", "up_proj": "up_proj_bias", "down_p
 _classes: dict[type, type] = {}
 
 
+#: Methods of the original class the FP8 forward calls (the model's own gate), bound in the FP8 subclass itself.
+_INHERITED_CALLS = ("_apply_gate",)
+
+
 def fp8_experts_class(original: type) -> type:
-    """The FP8 subclass ``FP8<Name>(FP8Experts, original)`` of a fused experts class (cached)."""
+    """The FP8 subclass ``FP8<Name>(FP8Experts, original)`` of a fused experts class (cached).
+
+    The original's ``_apply_gate`` (the method the forward calls, :data:`_INHERITED_CALLS`) is bound in the
+    subclass's own dict, the same object the MRO would find: traced, dynamo then finds it on the instance's
+    class and guards nothing more, where a lookup past the class adds a guard per layer that
+    :class:`FP8Experts` still lacks it (``type(experts).__mro__[1].__dict__``) (docs/moe.md, "Compiled
+    decode guards")."""
     if issubclass(original, FP8Experts):
         return original
     if original not in _classes:
         name = f"FP8{original.__name__}"
-        _classes[original] = type(name, (FP8Experts, original), {"__module__": __name__, "__qualname__": name})
+        ns = {"__module__": __name__, "__qualname__": name}
+        for attr in _INHERITED_CALLS:
+            found = inspect.getattr_static(original, attr, None)  # the raw class attribute (a function)
+            if found is not None and attr not in FP8Experts.__dict__:
+                ns[attr] = found
+        _classes[original] = type(name, (FP8Experts, original), ns)
     return _classes[original]
 
 
