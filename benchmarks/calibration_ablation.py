@@ -14,7 +14,7 @@ Each text gives ``--windows`` windows of 512 tokens, evenly spaced over the text
 bf16 against the unquantized bf16 model. A variant changes one calibration step against a recipe
 (``default`` in a name = the recipe before act-order and ``H`` from every token became the package
 defaults, i.e. ``H`` from 4096 tokens, natural column order; ``H 16k, act-order`` = the package defaults):
-GPTQ on/off, the per-row grid alignment (``calibration/scale_align.py``) on/off, GPTQ damping, act-order,
+GPTQ on/off, the per-row grid alignment (``fp8_linear/calibration/scale_align.py``) on/off, GPTQ damping, act-order,
 the number of tokens in ``H``, calibration windows, the activation observer, and headroom on the static
 activation amax. Each variant's result (perplexity, paired per-window NLL, KL, top-1) is appended to
 ``--log`` as one JSON line as soon as it is measured; ``--table`` prints the Markdown table of a log.

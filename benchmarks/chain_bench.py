@@ -1,7 +1,7 @@
 """Decode chains in CUDA graphs, programmatic dependent launch on and off: the seven linear layers of
 Llama-3-8B decoder layers (q, k, v, o, gate, up, down) as one stream of FP8Linear calls, each call the
 extension's activation quantization -> GEMM (split K summed inside it), against the same chain of BF16
-nn.Linear. What PDL (kernels/include/pdl.h, docs/kernel-log.md v28) saves shows per kernel boundary.
+nn.Linear. What PDL (fp8_linear/kernels/include/pdl.h, docs/kernel-log.md v28) saves shows per kernel boundary.
 
     python -m benchmarks.chain_bench                                   # M 1 and 16, 8 layers, two presets
     python -m benchmarks.chain_bench --ms 1 --presets fp8-dynamic --out "$OUT"

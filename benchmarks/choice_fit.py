@@ -5,7 +5,7 @@
 
 No GPU: it reads the H200 decode measurements committed in ``benchmarks/results`` (RESULT_FILES: raw
 kernels in CUDA graphs over operand copies beyond L2, bf16 out, per-tensor scales), builds a table of
-(config id, split factor, M, N, K) -> measured us for every config id that ``kernels/configs.py`` still
+(config id, split factor, M, N, K) -> measured us for every config id that ``fp8_linear/kernels/configs.py`` still
 has (removed configs, e.g. 3 = swap128x64_4acc, are skipped), fits one latency model per config on the
 cells of TRAIN models and judges it on the cells of HELDOUT_MODELS and on the shapes of the held-out file
 (none of them is a layer of a training model).
@@ -33,7 +33,7 @@ The model, per config (``predict``; parameters positive, fitted on log time, Lev
 Measurements of one (config, splits, cell) in several files are averaged by the median, with the files
 of 2026-12-02 (kernel v39) preferred to the v30 sweep of 2026-12-01 (whose split timings, taken with the
 separate reduction kernel before v33, are not used at all). The rules' choice of a cell is what
-``kernels/configs.py`` gives today (``select_config(swap_ok=True)``, ``select_splits``).
+``fp8_linear/kernels/configs.py`` gives today (``select_config(swap_ok=True)``, ``select_splits``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import numpy as np
 
 from benchmarks.common.results import RESULTS_DIR
 from benchmarks.common.timing import geomean
-from kernels import configs as C
+from fp8_linear.kernels import configs as C
 
 RESULTS = RESULTS_DIR
 #: (file, preference: 0 = kernel v39 files of 2026-12-02, 1 = the v30 sweep), the measured basis.

@@ -4,7 +4,7 @@ For every Linear layer with enough calibration tokens, ``tr(dW H dW^T) / tr(W H 
 output error power of the GPTQ-rounded weight on the calibration inputs (``H = sum x x^T``), summed
 over layers; for fp8-tensor scales and for fp8-channel scales multiplied by a headroom factor (room
 for GPTQ's updates above each row's amax, which otherwise saturate), and for the per-channel scales as
-the library makes them with GPTQ: aligned to the grid by input energy (``calibration/scale_align.py``).
+the library makes them with GPTQ: aligned to the grid by input energy (``fp8_linear/calibration/scale_align.py``).
 Also counts weights that end at ``+-fmt_max * scale``. Weights only: activations stay unquantized here.
 
 Usage: python benchmarks/gptq_objective.py [--samples 16] [--headroom 1,1.0625,1.125,1.25]

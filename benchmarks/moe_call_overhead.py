@@ -53,7 +53,7 @@ def build(path: str, layers: int):
     data = torch.tensor(list(corpus_text("calib").encode("utf-8"))[:4 * 64], dtype=torch.int64).reshape(4, 64)
     calib = list(data) if scheme in ("fp8-tensor", "fp8-channel") else None
     if experts_only:
-        from calibration.experts import quantize_experts
+        from fp8_linear.calibration.experts import quantize_experts
 
         batches = None if calib is None else [Batch(data, torch.ones_like(data))]
         quantize_experts(model, scheme, batches, progress=False)

@@ -19,23 +19,6 @@ Public API (docs/design.md section 3)::
 
 from __future__ import annotations
 
-import os as _os
-
-# pyproject.toml maps ``fp8_linear.kernels`` -> ``kernels/`` and ``fp8_linear.calibration`` ->
-# ``calibration/`` (setuptools package-dir, docs/design.md section 1). A wheel or a PEP 660 editable
-# install honours the mapping; importing straight from a source checkout (the repo root on sys.path, or
-# a path-based editable install such as older setuptools without build isolation make) does not. In a
-# checkout the repo root therefore joins this package's search path, so the two mapped folders resolve
-# to the same files as installed, through plain imports.
-_ROOT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if (
-    _os.path.isfile(_os.path.join(_ROOT, "pyproject.toml"))
-    and _os.path.isfile(_os.path.join(_ROOT, "kernels", "__init__.py"))
-    and _os.path.isfile(_os.path.join(_ROOT, "calibration", "__init__.py"))
-    and _ROOT not in __path__
-):
-    __path__.append(_ROOT)
-
 from .errors import (
     BackendUnavailableError,
     CalibrationError,

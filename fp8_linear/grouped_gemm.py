@@ -15,7 +15,7 @@ Backends (``fp8_linear/moe/grouped_backends.py``), first able one wins:
 
 1. any backend put in front with :func:`register_grouped_backend` (it answers ``supports`` /
    ``can_run`` / ``run`` on a :class:`GroupedProblem`);
-2. ``sm90_grouped``: our grouped Hopper kernel (``kernels/include/sm90_grouped.cuh``; one launch, the
+2. ``sm90_grouped``: our grouped Hopper kernel (``fp8_linear/kernels/include/sm90_grouped.cuh``; one launch, the
    offsets read on the device; fp8 e4m3 / e5m2, per-tensor / per-token x per-expert / per-channel
    scales, or 1x128 activation groups x 128x128 weight blocks, bf16 / fp16 / fp32 out);
 3. ``torch_grouped``: ``torch._scaled_grouped_mm`` (one launch; sm90/sm100, e4m3, per-tensor or

@@ -285,7 +285,7 @@ def quantize_fp8(
 
 
 def _fused(x: torch.Tensor):
-    """The fused CUDA quantization module when it can take ``x`` (``kernels/quant_triton.py``; off with
+    """The fused CUDA quantization module when it can take ``x`` (``fp8_linear/kernels/quant_triton.py``; off with
     ``FP8_LINEAR_FUSED_QUANT=0``, :mod:`fp8_linear.settings`), else None."""
     if x.device.type != "cuda" or not settings.get().fused_quant:
         return None

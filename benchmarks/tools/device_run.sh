@@ -71,20 +71,20 @@ for stage in "$@"; do
       done
       ;;
     ab)
-      # two kernel sources on one machine: the working tree's kernels/ ("new") against AB_OLD (another
-      # kernels/ folder, e.g. from `git archive <commit> kernels | tar x -C /tmp/old`), the steady benchmark
+      # two kernel sources on one machine: the working tree's fp8_linear/kernels/ ("new") against AB_OLD (another
+      # fp8_linear/kernels/ folder, e.g. from `git archive <commit> fp8_linear/kernels | tar x -C /tmp/old`), the steady benchmark
       # on the five-shape set in the order AB_ORDER (default new/old/new/old), and the SASS of both builds
-      # compared; kernels/ is the new one again afterwards
+      # compared; fp8_linear/kernels/ is the new one again afterwards
       [ -d "${AB_OLD:-}" ] || { echo "ab: AB_OLD=$AB_OLD is not a folder"; exit 1; }
-      rm -rf /tmp/ab_new_kernels && cp -r kernels /tmp/ab_new_kernels
+      rm -rf /tmp/ab_new_kernels && cp -r fp8_linear/kernels /tmp/ab_new_kernels
       for v in ${AB_ORDER:-new old new old}; do
-        rm -rf kernels && if [ "$v" = old ]; then cp -r "$AB_OLD" kernels; else cp -r /tmp/ab_new_kernels kernels; fi
+        rm -rf fp8_linear/kernels && if [ "$v" = old ]; then cp -r "$AB_OLD" fp8_linear/kernels; else cp -r /tmp/ab_new_kernels fp8_linear/kernels; fi
         python3 -c "$load_kernel" > /dev/null 2>&1 || { echo "ab: the $v kernels did not build"; break; }
         echo "=== $v $(date +%T)" | tee -a "$OUT/ab.txt"
         timeout 90 python3 -m benchmarks.gemm_bench --mode steady --set five --columns ours,cublas_t --warm 2 \
           --burn 0.4 --rep 300 --no-json 2>&1 | tail -n 8 | tee -a "$OUT/ab.txt"
       done
-      rm -rf kernels && cp -r /tmp/ab_new_kernels kernels
+      rm -rf fp8_linear/kernels && cp -r /tmp/ab_new_kernels fp8_linear/kernels
       python3 -m benchmarks.tools.sass_diff $(ls -t "$FP8_LINEAR_CACHE"/sm90-*/*.so | head -2) | tee "$OUT/sass-diff.txt"
       ;;
     *)

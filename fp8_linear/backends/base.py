@@ -35,7 +35,7 @@ SCALE_BLOCK = "block"  # scale_b [ceil(N/128), ceil(K/128)] (128x128 blocks)
 ROW_KINDS = (SCALE_TOKEN, SCALE_CHANNEL)
 #: Older name of the per-row kinds, accepted by :class:`GemmProblem` and read as token / channel.
 SCALE_ROW = "row"
-#: Activation modes of the fused quantization (the values of kernels/quant_triton.py MODE_*).
+#: Activation modes of the fused quantization (the values of fp8_linear/kernels/quant_triton.py MODE_*).
 MODE_STATIC, MODE_TOKEN, MODE_GROUP = 0, 1, 2
 #: A dynamic per-tensor activation scale (AutoFP8 ``dynamic`` checkpoints): no fused kernel mode; the
 #: scale is computed by torch ops (one amax reduction), then the GEMM runs.

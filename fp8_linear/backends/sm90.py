@@ -5,8 +5,8 @@ toolchain; the extension is built on first use (once, behind a lock, cached on d
 ``FP8_LINEAR_CACHE``): at the first GEMM, or when an ``FP8Linear`` on an sm_90 device is planned.
 
 An ``FP8Linear`` runs as one host call (:func:`sm90_linear`): the extension's ``linear_fwd``
-quantizes the activation (static per-tensor or per-token; ``kernels/csrc/act_quant.cu``, the formula
-of ``kernels/quant_triton.py`` bit for bit) and launches the GEMM with the config
+quantizes the activation (static per-tensor or per-token; ``fp8_linear/kernels/csrc/act_quant.cu``, the formula
+of ``fp8_linear/kernels/quant_triton.py`` bit for bit) and launches the GEMM with the config
 :func:`fp8_linear.kernels.select_config` gives (kept per shape). At decode sizes a layer's time is
 the host's, so eager mode calls it directly; under ``torch.compile`` the same function runs as the
 ``fp8_linear::sm90_linear`` custom op. Fine-grained scales (1x128 activation groups with 128x128

@@ -1,4 +1,4 @@
-"""``sm90_grouped``: our grouped Hopper FP8 GEMM (``kernels/include/sm90_grouped.cuh``) as a grouped backend.
+"""``sm90_grouped``: our grouped Hopper FP8 GEMM (``fp8_linear/kernels/include/sm90_grouped.cuh``) as a grouped backend.
 
 One launch for every expert, offsets read on the device (no host sync, so CUDA graphs capture it):
 tokens sorted by expert ``[M, K]``, weights ``[E, N, K]`` through one 3-D tensor map, per-expert
@@ -28,7 +28,7 @@ from ..grouped_gemm import A_GROUP, A_ROW, A_TENSOR, B_BLOCK, B_CHANNEL, B_TENSO
 from ..ops import quantize_dynamic
 
 #: Experts one launch takes (the kernel's shared-memory work list: kGroupedMaxExperts in
-#: kernels/include/sm90_grouped_api.h).
+#: fp8_linear/kernels/include/sm90_grouped_api.h).
 MAX_EXPERTS = 512
 #: Token-tile widths the kernel has instances for (kGroupedTiles).
 BLOCK_NS = (16, 32, 64, 128)

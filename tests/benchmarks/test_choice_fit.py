@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from benchmarks import choice_fit as F
-from kernels import configs as C
+from fp8_linear.kernels import configs as C
 
 #: What the fit must reproduce on its own training cells (|pred / measured - 1| over all fitted configs);
 #: measured with the committed files: median 5.4%, p90 14.2%.
@@ -44,7 +44,7 @@ def test_features_by_hand():
 
 
 def test_table_has_only_current_configs_and_the_choice_labels(table):
-    """Every (config, splits) key is a config of kernels/configs.py (config 3 = swap128x64_4acc, removed, is
+    """Every (config, splits) key is a config of fp8_linear/kernels/configs.py (config 3 = swap128x64_4acc, removed, is
     not there); the decode-set file's recorded choice of each cell is among the cell's measurements."""
     assert all(cid in C.CONFIG_BY_ID for cell in table.values() for cid, _ in cell["meas"])
     assert 3 not in {cid for cell in table.values() for cid, _ in cell["meas"]}

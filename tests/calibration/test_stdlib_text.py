@@ -1,4 +1,4 @@
-"""The second held-out text (standard-library docstrings, ``calibration/stdlib_text.py``): extraction rules
+"""The second held-out text (standard-library docstrings, ``fp8_linear/calibration/stdlib_text.py``): extraction rules
 on a hand-written source, and the real text's properties (prose only, pinned and reproducible, disjoint
 from the embedded ``pydoc_data.topics`` corpus that calibration and the other eval splits come from)."""
 

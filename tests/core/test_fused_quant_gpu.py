@@ -1,4 +1,4 @@
-"""The fused CUDA activation quantization (kernels/quant_triton.py) against the torch ops on the CPU.
+"""The fused CUDA activation quantization (fp8_linear/kernels/quant_triton.py) against the torch ops on the CPU.
 
 The reference is the torch path on the CPU (IEEE division, as the contract says); torch's CUDA ops
 divide by a Python scalar through a reciprocal and can differ from it by one ulp in the scale.

@@ -1,4 +1,4 @@
-"""The division of the activation quantization kernels (``kernels/csrc/act_quant.cu``, ``scaled``): the fp32
+"""The division of the activation quantization kernels (``fp8_linear/kernels/csrc/act_quant.cu``, ``scaled``): the fp32
 quotient ``v / scale`` is computed as RN32(RN64(v * RN64(1 / scale))) with one fp64 reciprocal a thread
 instead of ``__fdiv_rn`` per element. Checked here on the CPU with numpy's IEEE fp32 division and fp64
 arithmetic (the same roundings as the GPU's): the same fp32 quotient wherever it is at least 2^-126 (the

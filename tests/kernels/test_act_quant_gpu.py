@@ -1,8 +1,8 @@
 """GPU tests of the extension's row activation quantization (``act_quant`` modes 0 = static per-tensor and
-1 = per-token; ``kernels/csrc/act_quant.cu`` ``quant_rows_kernel``) against the CPU path
+1 = per-token; ``fp8_linear/kernels/csrc/act_quant.cu`` ``quant_rows_kernel``) against the CPU path
 (``fp8_linear.quantize``: torch ops, fp32 IEEE division, RNE cast) and the Triton path, bit for bit.
 
-The shapes cover every launch plan of the row kernels (``kernels/include/act_quant_plan.h``): K below one
+The shapes cover every launch plan of the row kernels (``fp8_linear/kernels/include/act_quant_plan.h``): K below one
 warp's 8-element slots, K not a multiple of 8 (the scalar path) or of 16, rows spread over several CTAs
 (static, K > 2048), per-token rows split over a thread-block cluster of 2, 4 or 8 CTAs (K > 4096 at
 M <= 512; one and two slots a thread, up to 1024 threads a CTA), per-token rows in one CTA held in
@@ -26,7 +26,7 @@ SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="needs a CUDA device of compute capability 9.0")]
 
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
-MODE_STATIC, MODE_TOKEN = 0, 1  # kernels/include/act_quant.h
+MODE_STATIC, MODE_TOKEN = 0, 1  # fp8_linear/kernels/include/act_quant.h
 #: Elements of one CTA span at one slot a thread (256 threads x 8): the static row kernel's unit.
 SPAN = 2048
 #: K of the two-pass per-token path for 16-bit inputs (16 slots x 2048 elements).

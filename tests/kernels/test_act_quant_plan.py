@@ -1,5 +1,5 @@
-"""The launch plans of the static / per-token row kernels (``kernels/include/act_quant_plan.h``,
-``plan_rows``) and a CPU model of the kernels' index map (``kernels/csrc/act_quant.cu``:
+"""The launch plans of the static / per-token row kernels (``fp8_linear/kernels/include/act_quant_plan.h``,
+``plan_rows``) and a CPU model of the kernels' index map (``fp8_linear/kernels/csrc/act_quant.cu``:
 ``quant_rows_kernel``, ``quant_token_cluster_kernel`` and their ``Slots``): the header is compiled with the
 host C++ compiler (it is plain C++), its plans over K in 1..140000 and M in 1..4096 are read back, and for
 each the model lists the elements every CTA's threads load and store. Every element of a row is covered
@@ -17,7 +17,7 @@ import subprocess
 import numpy as np
 import pytest
 
-KERNELS = pathlib.Path(__file__).resolve().parents[2] / "kernels"
+KERNELS = pathlib.Path(__file__).resolve().parents[2] / "fp8_linear" / "kernels"
 PLAN_HEADER = KERNELS / "include" / "act_quant_plan.h"
 
 VEC = 8  # elements of a slot (kVec)

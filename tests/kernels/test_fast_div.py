@@ -1,4 +1,4 @@
-"""kernels/include/fast_div.h (the tile walk's divisions by launch constants) against C++ integer
+"""fp8_linear/kernels/include/fast_div.h (the tile walk's divisions by launch constants) against C++ integer
 division: compiled here with the host C++ compiler (the header is plain C++ outside nvcc), run over
 every divisor 1..5000, powers of two and their neighbours, random divisors up to 2^31 - 1, and
 numerators at 0, around each multiple of the divisor and up to 2^31 - 1. Skips without a compiler."""
@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-INCLUDE = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "include"
+INCLUDE = pathlib.Path(__file__).resolve().parents[2] / "fp8_linear" / "kernels" / "include"
 
 PROGRAM = r"""
 #include <cstdio>

@@ -1,4 +1,4 @@
-"""GPU tests of programmatic dependent launch (kernels/include/pdl.h) on the sm90 kernels.
+"""GPU tests of programmatic dependent launch (fp8_linear/kernels/include/pdl.h) on the sm90 kernels.
 
 With PDL a kernel of ours starts while the previous one still runs; every kernel waits
 (griddepcontrol.wait) before touching global memory. A missing or misplaced wait shows as a race: a
@@ -41,7 +41,7 @@ E4 = torch.float8_e4m3fn
 FMAX = fmt_max(E4)
 DEV = "cuda"
 BLOCK = 128
-#: Activation modes of the extension (kernels/include/act_quant.h).
+#: Activation modes of the extension (fp8_linear/kernels/include/act_quant.h).
 STATIC, TOKEN, GROUP = 0, 1, 2
 #: Static activation scale: inputs are about unit-normal, a few clip.
 STATIC_AMAX = 4.0

@@ -236,7 +236,7 @@ def test_config10_overhead_moves_only_the_short_k_shape(monkeypatch):
 
 
 def test_generated_config_header_is_current():
-    """include/sm90_configs.cuh is what kernels/jit/_gen_configs.py makes of configs.CONFIGS."""
+    """include/sm90_configs.cuh is what fp8_linear/kernels/jit/_gen_configs.py makes of configs.CONFIGS."""
     from fp8_linear.kernels.jit import _gen_configs
 
     assert _gen_configs.HEADER.read_text() == _gen_configs.render()

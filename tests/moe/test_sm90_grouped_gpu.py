@@ -1,4 +1,4 @@
-"""GPU tests of the grouped sm90 kernel (``kernels/include/sm90_grouped.cuh``, backend ``sm90_grouped``)
+"""GPU tests of the grouped sm90 kernel (``fp8_linear/kernels/include/sm90_grouped.cuh``, backend ``sm90_grouped``)
 against fp64 math on the dequantized inputs, expert by expert.
 
 Bars (docs/design.md section 7): calc_diff <= 1.05 x the error of rounding the exact result to the output

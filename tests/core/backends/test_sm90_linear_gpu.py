@@ -173,7 +173,7 @@ def test_act_quant_matches_cpu_and_triton(monkeypatch, fp8, dtype, rows, k):
         "token": dynamic_quantize(xc, fp8, "token"),
         "group": dynamic_quantize(xc, fp8, "group"),
     }
-    triton = {  # today's CUDA path (kernels/quant_triton.py)
+    triton = {  # today's CUDA path (fp8_linear/kernels/quant_triton.py)
         "static": (quantize_unchecked(x, fp8, static), static),
         "token": dynamic_quantize(x, fp8, "token"),
         "group": dynamic_quantize(x, fp8, "group"),

@@ -70,7 +70,7 @@ constexpr int strip_bytes() {  // per consumer warpgroup
 // a [BN m-rows x 64 n-columns] 128B-swizzled tile per consumer warpgroup, one TMA box of BN rows): the
 // large-M swapped tiles (configs 14 and 15: the weight on wgmma's M side). The narrow decode configs
 // (BN 16 / 32 / 64) keep their direct stores.
-// (Host and device; kernels/configs.py KernelConfig.swap_tma_store mirrors it.)
+// (Host and device; fp8_linear/kernels/configs.py KernelConfig.swap_tma_store mirrors it.)
 constexpr bool swap_tma_width(int bn) { return bn >= 128; }
 template <int BN, bool SWAP>
 constexpr bool swap_tma_store() {

@@ -2,7 +2,7 @@
 
 Pure Python (no CUDA, no build). The one source of the config table: the C++ dispatch
 (``include/sm90_configs.cuh``: the kernel instances of each config, its tile width and operand order)
-is generated from :data:`CONFIGS` by ``python kernels/jit/_gen_configs.py`` (a test checks that the
+is generated from :data:`CONFIGS` by ``python fp8_linear/kernels/jit/_gen_configs.py`` (a test checks that the
 committed header is current).
 """
 
@@ -19,7 +19,7 @@ BLOCK_K = 128
 class KernelConfig:
     """One kernel configuration: the tile, the operand order, the accumulation schedule and which kernel
     instances it has. The C++ dispatch (``include/sm90_configs.cuh``) is generated from :data:`CONFIGS`
-    by ``kernels/jit/_gen_configs.py``."""
+    by ``fp8_linear/kernels/jit/_gen_configs.py``."""
 
     id: int  # stable number (the op's ``config`` argument, FP8_LINEAR_SM90_CONFIG, benchmark commands)
     name: str  # what it is: the tile (rows x columns on the kernel's A x B side), swap, accumulators

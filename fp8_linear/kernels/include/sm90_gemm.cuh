@@ -28,7 +28,7 @@
 // Files: sm90_tile.cuh (tiling, parameters, tile walk), sm90_mainloop.cuh (k-blocks, promotion,
 // producer), sm90_blockscale.cuh (block scales), sm90_epilogue.cuh (scales, bias, cast, stores), this
 // file (the kernel), sm90_launch.cuh (launch), sm90_configs.cuh (the configs' instances, generated from
-// kernels/configs.py).
+// fp8_linear/kernels/configs.py).
 #pragma once
 #include <cstdint>
 #include <type_traits>

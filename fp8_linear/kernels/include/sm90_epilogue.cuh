@@ -558,7 +558,7 @@ __device__ __forceinline__ bool split_fixup(float (&fin)[BN / 2], const EpiParam
   // so the sum waits for ceil(splits / kDepth) L2 round trips, not splits: 128 registers of them on the
   // swapped configs (BN 16 / 32 / 64: 16 / 8 / 4 splits, one round for every factor the choice makes
   // there), 64 on the 128-wide tile (2), one split's on the 144-wide one (set while its block-scaled
-  // instances, since removed, spilled; a deeper round there is unmeasured). kernels/configs.py
+  // instances, since removed, spilled; a deeper round there is unmeasured). fp8_linear/kernels/configs.py
   // FIXUP_ROUND_WIDTH keeps the swapped configs' factors within it.
   constexpr int kDepth = BN > 128 ? 1 : 256 / BN;
 #pragma unroll

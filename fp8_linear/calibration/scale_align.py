@@ -35,7 +35,7 @@ ALIGN_CANDIDATES = 16
 #: energy only: the error of the many low-energy features averages out to about the same value for
 #: every factor, so the choice is made by the high-energy ones (and the search is in/128 times cheaper).
 ALIGN_MAX_COLUMNS = 128
-#: Granularities the calibration aligns (calibration/quantize.py). Per-channel: GPTQ objective -8.6% on
+#: Granularities the calibration aligns (fp8_linear/calibration/quantize.py). Per-channel: GPTQ objective -8.6% on
 #: SmolLM2 (16 candidates, 128 features) for about 1 s. Per-tensor (one factor for the whole matrix):
 #: -1%. Block (128 x 128 cells): -3.4% when scored on every element, which is slow (with tensor and
 #: channel scales also scored on every element, the three recipes' weight pass took 62 s instead of 23 s

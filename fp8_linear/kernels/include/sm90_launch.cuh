@@ -1,6 +1,6 @@
 // Host side of the sm90 GEMM kernels: the launch of one kernel instance (persistent grid, dynamic
 // shared memory, programmatic dependent launch) and the dispatch from a config id to its instances
-// (sm90_configs.cuh, generated from kernels/configs.py).
+// (sm90_configs.cuh, generated from fp8_linear/kernels/configs.py).
 #pragma once
 #include <atomic>
 #include <cstdio>

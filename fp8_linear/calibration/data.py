@@ -94,7 +94,7 @@ def text_windows(text: str, tokenizer, seq_len: int, max_windows: int | None = N
 
 def _require_tokenizer(tokenizer, what: str) -> None:
     if tokenizer is None:
-        raise ValueError(f"tokenizer: {what} calibration/eval data needs a tokenizer, got None")
+        raise ValueError(f"tokenizer: {what} fp8_linear/calibration/eval data needs a tokenizer, got None")
 
 
 def _is_ragged(ids) -> bool:

@@ -1,5 +1,5 @@
 // Activation quantization to FP8 (static per-tensor, dynamic per-token, dynamic 1x128 groups): the
-// formula of kernels/quant_triton.py in CUDA, so that FP8Linear's decode path quantizes and runs the
+// formula of fp8_linear/kernels/quant_triton.py in CUDA, so that FP8Linear's decode path quantizes and runs the
 // GEMM in one host call (binding.cpp, linear_fwd). No torch headers.
 //
 // Static / per-token (quant_rows_kernel): every thread loads all of its elements of a span (NV slots of

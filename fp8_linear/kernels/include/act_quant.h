@@ -1,7 +1,7 @@
 // Plain C++ interface of the activation quantization kernels (csrc/act_quant.cu) for the torch
 // binding. No torch headers, no device code.
 //
-// Same formula as kernels/quant_triton.py and the CPU path (fp8_linear/quantize.py), bit for bit:
+// Same formula as fp8_linear/kernels/quant_triton.py and the CPU path (fp8_linear/quantize.py), bit for bit:
 //   q = cvt_rne_satfinite(clamp(x_fp32 / scale, -fmt_max, fmt_max))   (IEEE division, NaN stays NaN)
 //   dynamic scales: scale = max(amax_finite / fmt_max, min_scale)       (IEEE division; inf/NaN ignored)
 #pragma once
@@ -10,7 +10,7 @@
 
 namespace fp8act {
 
-// Modes; the values match kernels/quant_triton.py (MODE_STATIC, MODE_TOKEN, MODE_GROUP).
+// Modes; the values match fp8_linear/kernels/quant_triton.py (MODE_STATIC, MODE_TOKEN, MODE_GROUP).
 enum Mode { kStatic = 0, kToken = 1, kGroup = 2 };
 // Input element kinds.
 enum XKind { kF32 = 0, kBF16 = 1, kF16 = 2 };

@@ -197,7 +197,7 @@ const char* make_out_map(CUtensorMap* map, void* ptr, int M, int N, int out_kind
 
 const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   ConfigInfo info{};
-  if (!config_info(g.config, info)) return "unknown kernel config id (kernels/configs.py CONFIGS)";
+  if (!config_info(g.config, info)) return "unknown kernel config id (fp8_linear/kernels/configs.py CONFIGS)";
   if (g.M <= 0 || g.N <= 0 || g.K <= 0) return "empty problem";
   if (g.K % 16 != 0) return "K must be a multiple of 16";
   if (const char* e = ensure_context()) return e;
@@ -226,7 +226,7 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   la.ep.N = g.N;
   la.blk = g.scale_block ? 1 : 0;
   if (la.blk) {
-    if (!info.block_scales) return "block scales are not supported by this config (kernels/configs.py block_scales)";
+    if (!info.block_scales) return "block scales are not supported by this config (fp8_linear/kernels/configs.py block_scales)";
     const long kbn = (g.K + kBK - 1) / kBK;
     if (static_cast<long>(g.M) * kbn >= (1L << 31) || static_cast<long>((g.N + kBK - 1) / kBK) * kbn >= (1L << 31))
       return "block scales: M x ceil(K/128) and ceil(N/128) x ceil(K/128) must be below 2^31";
@@ -244,7 +244,7 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   }
   la.ep.group_m = raster_group_m();
   la.even_waves = even_waves();
-  if (g.splits > 1 && !info.split_k) return "split K is not supported by this config (kernels/configs.py split_k)";
+  if (g.splits > 1 && !info.split_k) return "split K is not supported by this config (fp8_linear/kernels/configs.py split_k)";
   split_plan(g.K, g.splits, &la.ep.splits, &la.ep.kb_per_split);
   const bool split = la.ep.splits > 1;
   if (split) {
