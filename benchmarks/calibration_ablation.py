@@ -31,6 +31,7 @@ import json
 import math
 import pathlib
 import platform
+import re
 import sys
 import time
 
@@ -67,28 +68,96 @@ class FakeQuantLinear(torch.nn.Module):
         super().__init__()
         self.weight, self.weight_scale, self.input_scale, self.bias = m.weight, m.weight_scale, m.input_scale, m.bias
         self.scheme = m.scheme
+        self.granularity = None  # set to "token" to quantize this layer's activations per token at run time
         self.w = (fp8_to_float32(m.weight) * expand_scale(m.weight_scale, m.weight.shape)).to(torch.bfloat16)
 
     def forward(self, x):
         from fp8_linear.quantize import dequantize_fp8, quantize_fp8
 
         x2 = x.reshape(-1, x.shape[-1]).float()
-        gran = "tensor" if self.input_scale is not None else self.scheme.activation_granularity
-        q, sc = quantize_fp8(x2.detach(), self.scheme.fmt, gran, scale=self.input_scale)
+        if self.granularity is not None:
+            q, sc = quantize_fp8(x2.detach(), self.scheme.fmt, self.granularity)
+        else:
+            gran = "tensor" if self.input_scale is not None else self.scheme.activation_granularity
+            q, sc = quantize_fp8(x2.detach(), self.scheme.fmt, gran, scale=self.input_scale)
         xq = dequantize_fp8(q, sc, torch.float32)
         xq = (x2 + (xq - x2).detach()).to(x.dtype).reshape(x.shape)
         return torch.nn.functional.linear(xq, self.w, None if self.bias is None else self.bias.to(x.dtype))
 
 
-def fake_quant(model):
-    """``model`` with every FP8Linear replaced by its :class:`FakeQuantLinear`, in place."""
+def fake_quant(model, per_token: str = ""):
+    """``model`` with every FP8Linear replaced by its :class:`FakeQuantLinear`, in place; layers whose
+    name matches the regex ``per_token`` (``re.search``) quantize their activations per token at run
+    time instead of with their static scale (a diagnostic: where the static scale costs accuracy)."""
     from fp8_linear.module import FP8Linear
     from fp8_linear.calibration.quantize import _set_module
 
     for name, m in list(model.named_modules()):
         if isinstance(m, FP8Linear):
-            _set_module(model, name, FakeQuantLinear(m))
+            f = FakeQuantLinear(m)
+            if per_token and re.search(per_token, name):
+                f.granularity = "token"
+            _set_module(model, name, f)
     return model
+
+
+#: The smoothing sites: where an activation's per-channel range can move into the weights that read it
+#: with an exact fold on the producer side. ``down``: each MLP's ``down_proj`` input (folded into
+#: ``up_proj``'s rows; ``act(gate) * up`` is linear in ``up``); ``norm``: the two RMSNorm outputs of each
+#: decoder layer (folded into the norm's weight), read by q/k/v and by gate/up.
+SMOOTH_SITES = {
+    "down": (("mlp.up_proj",), ("mlp.down_proj",)),
+    "norm": (("input_layernorm", "post_attention_layernorm"),
+             (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"))),
+}
+
+
+def smooth_inputs(model, site: str, alpha: float, batches) -> dict[str, torch.Tensor]:
+    """SmoothQuant-style migration of activation ranges into the weights, in place, at ``site`` (a key
+    of :data:`SMOOTH_SITES`). Per input channel ``j`` of the consuming Linear layers: ``s_j =
+    amax_j(x)^alpha / amax_j(|W[:, j]|)^(1 - alpha)`` (``x`` over ``batches``, ``W`` every consumer's
+    weight), divided by its median and floored at 1 (only the outlier channels shrink); the consumers'
+    columns ``*= s_j`` and the producer (``up_proj`` rows, or the norm weight) ``/= s_j``: the model's
+    function is unchanged in real arithmetic. Returns ``{first consumer's name: s}`` (``[in_features]``,
+    fp32 or the weights' fp64)."""
+    producers, consumers = SMOOTH_SITES[site]
+    groups = []  # (producer module, [consumer modules], first consumer's name)
+    for li, layer in enumerate(model.model.layers):
+        pre = f"model.layers.{li}."
+        if site == "down":
+            groups.append((layer.get_submodule(producers[0]), [layer.get_submodule(consumers[0])], pre + consumers[0]))
+        else:
+            for prod, cons in zip(producers, consumers):
+                groups.append((layer.get_submodule(prod), [layer.get_submodule(c) for c in cons], pre + cons[0]))
+    amax: dict[str, torch.Tensor] = {}
+    hooks = []
+    for _, cons, name in groups:
+        def hook(mod, inp, name=name):
+            a = inp[0].detach().abs().reshape(-1, inp[0].shape[-1]).amax(0)
+            amax[name] = torch.maximum(amax[name], a) if name in amax else a
+        hooks.append(cons[0].register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            for b in batches:
+                model(input_ids=b.input_ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    scales = {}
+    with torch.no_grad():
+        for prod, cons, name in groups:
+            wide = torch.promote_types(cons[0].weight.dtype, torch.float32)  # fp32, or fp64 as given
+            wmax = torch.stack([c.weight.to(wide).abs().amax(0) for c in cons]).amax(0)
+            s = amax[name].to(wide).clamp_min(1e-8) ** alpha / wmax.clamp_min(1e-8) ** (1 - alpha)
+            s = (s / s.median()).clamp_min(1.0)
+            for c in cons:
+                c.weight.copy_(c.weight.to(wide) * s)
+            if site == "down":
+                prod.weight.copy_(prod.weight.to(wide) / s[:, None])
+            else:
+                prod.weight.copy_(prod.weight.to(wide) / s)
+            scales[name] = s
+    return scales
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,12 +176,15 @@ class Variant:
     act_observer: str = "minmax"
     act_headroom: float = 1.0       # static activation amax multiplied by this
     weight_observer: str = "minmax"
+    smooth: tuple[str, float] | None = None  # (site, alpha) of smooth_inputs before calibration
+    per_token: str = ""             # regex of layers whose activations are quantized per token (fake_quant)
 
 
 def variants() -> list[Variant]:
     """The ablation grid, most informative first: each changes one step of the defaults, or one step
     on top of more tokens in ``H`` (16k: every calibration token)."""
     c, t, d = "fp8-channel", "fp8-tensor", "fp8-dynamic"
+    letter = {c: "C", t: "T", d: "D"}
     return [
         Variant("T default", t), Variant("C default", c),
         Variant("C H 16k tokens", c, h_tokens=16384), Variant("T H 16k tokens", t, h_tokens=16384),
@@ -137,6 +209,15 @@ def variants() -> list[Variant]:
         Variant("C H 16k, act-order, act percentile", c, h_tokens=16384, act_order=True, act_observer="percentile"),
         Variant("T H 16k, act-order, act percentile", t, h_tokens=16384, act_order=True, act_observer="percentile"),
         Variant("C H 16k, act-order, weight mse", c, h_tokens=16384, act_order=True, weight_observer="mse"),
+        # where the static activation scale costs accuracy: on top of the defaults, one layer kind's
+        # activations per token (a diagnostic, not a preset), and the down_proj outliers moved into its weight
+        *(Variant(f"C H 16k, act-order, per-token {k}", c, h_tokens=16384, act_order=True, per_token=rx)
+          for k, rx in (("q/k/v", r"\.(q|k|v)_proj$"), ("o", r"\.o_proj$"), ("gate/up", r"\.(gate|up)_proj$"),
+                        ("down", r"\.down_proj$"))),
+        *(Variant(f"{letter[p]} H 16k, act-order, smooth {site} {alpha}", p, h_tokens=16384, act_order=True,
+                  smooth=(site, alpha))
+          for site, alpha, presets in (("down", 0.5, (c, t, d)), ("norm", 0.5, (c, t, d)), ("norm", 0.8, (c, t)))
+          for p in presets),
     ]
 
 
@@ -239,12 +320,18 @@ def run(args) -> None:
     t0 = time.time()
     batches = materialize_batches(None, tok, seq_len=SEQ_LEN, max_samples=CALIB_WINDOWS, batch_size=4)
     cal, hold = batches[:-HOLDOUT_WINDOWS // 4], batches[-HOLDOUT_WINDOWS // 4:]
-    observers = calibrate_with_snapshots(model, targets, cal, sorted({v.h_tokens for v in wanted}),
-                                         histogram=any(v.act_observer != "minmax" for v in wanted))
+    h_sizes = sorted({v.h_tokens for v in wanted})
+    histogram = any(v.act_observer != "minmax" for v in wanted)
+    bases = {None: (model, calibrate_with_snapshots(model, targets, cal, h_sizes, histogram=histogram))}
+    for sm_key in {v.smooth for v in wanted} - {None}:  # a smoothed model calibrates anew
+        sm = copy.deepcopy(model)
+        smooth_inputs(sm, *sm_key, cal)
+        bases[sm_key] = (sm, calibrate_with_snapshots(sm, select_linears(sm), cal, h_sizes, histogram=histogram))
     print(f"calibrated in {time.time() - t0:.0f} s", flush=True)
     for v in wanted:
         t0 = time.time()
-        q = fake_quant(build(model, v, with_hessian(observers, v.h_tokens)))
+        base, observers = bases[v.smooth]
+        q = fake_quant(build(base, v, with_hessian(observers, v.h_tokens)), v.per_token)
         t_build = time.time() - t0
         rec = {"variant": v.name, **dataclasses.asdict(v), **header, "build_s": round(t_build, 1)}
         for text, batches in texts.items():
@@ -302,6 +389,59 @@ def mixed_precision_run(model, q, targets, cal, hold, ref, log, header) -> None:
                                 for t in TEXTS) + f" (budget {budget:.5f}; {len(rep.kept)} vs {len(ffn)} BF16 layers)", flush=True)
 
 
+def activation_sites(windows: int) -> str:
+    """Where the static per-tensor activation scale loses to per-token scales, per layer kind: the bf16
+    model calibrated as the presets are (minmax over the calibration windows), then on ``windows`` windows
+    of ``stdlib`` each Linear input ``x`` quantized both ways (e4m3). Columns: share of nonzero elements
+    below the smallest normal (2^-6 in FP8 units) and above 448 under the static scale, the geometric
+    mean of each token's largest ``|x| / scale``, the SQNR of both ways over all elements and without
+    each token's largest element, and that element's share of the input power. Returns a Markdown table."""
+    from fp8_linear.quantize import dequantize_fp8, quantize_fp8
+
+    model, tok = load_model(None)
+    model = model.to(torch.bfloat16).eval()
+    cal = materialize_batches(None, tok, seq_len=SEQ_LEN, max_samples=CALIB_WINDOWS, batch_size=4)[:-HOLDOUT_WINDOWS // 4]
+    targets = select_linears(model)
+    obs = calibrate(model, targets, cal, progress=False, histogram=False)
+    keys = ("elems", "sub", "clip", "tok", "log2_tokmax", "pow", "pow_top", "e_static", "e_token", "e_static_rest", "e_token_rest")
+    stats: dict[str, dict[str, float]] = {}
+    hooks = []
+    for name, m in targets.items():
+        scale = torch.tensor(float(obs[name].max) / 448.0)
+
+        def hook(mod, inp, kind=name.rsplit(".", 1)[1], scale=scale):
+            x = inp[0].detach().float().reshape(-1, inp[0].shape[-1])
+            st = stats.setdefault(kind, dict.fromkeys(keys, 0.0))
+            u = (x / scale).abs()
+            top = torch.zeros_like(x, dtype=torch.bool).scatter_(1, x.abs().argmax(1, keepdim=True), True)
+            ds = dequantize_fp8(*quantize_fp8(x, "e4m3", "tensor", scale=scale), torch.float32) - x
+            dt = dequantize_fp8(*quantize_fp8(x, "e4m3", "token"), torch.float32) - x
+            for k, v in (("elems", u.numel()), ("sub", ((u < 2 ** -6) & (u > 0)).sum()), ("clip", (u > 448).sum()),
+                         ("tok", u.shape[0]), ("log2_tokmax", torch.log2(u.amax(1).clamp_min(1e-30)).sum()),
+                         ("pow", x.pow(2).sum()), ("pow_top", x[top].pow(2).sum()),
+                         ("e_static", ds.pow(2).sum()), ("e_token", dt.pow(2).sum()),
+                         ("e_static_rest", ds[~top].pow(2).sum()), ("e_token_rest", dt[~top].pow(2).sum())):
+                st[k] += float(v)
+        hooks.append(m.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            for b in to_batches(spread_windows(stdlib_text(), tok, windows)):
+                model(input_ids=b.input_ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    db = lambda p, e: 10 * math.log10(p / e)  # noqa: E731
+    lines = ["| layer | subnormal % | clipped % | token max (FP8 units, geo. mean) | SQNR static / per-token dB "
+             "| without each token's largest element | largest element's share of power |", "|---|---|---|---|---|---|---|"]
+    for kind, st in stats.items():
+        rest = st["pow"] - st["pow_top"]
+        lines.append(f"| {kind} | {100 * st['sub'] / st['elems']:.3f} | {100 * st['clip'] / st['elems']:.5f} | "
+                     f"{2 ** (st['log2_tokmax'] / st['tok']):.0f} | {db(st['pow'], st['e_static']):.2f} / "
+                     f"{db(st['pow'], st['e_token']):.2f} | {db(rest, st['e_static_rest']):.2f} / "
+                     f"{db(rest, st['e_token_rest']):.2f} | {100 * st['pow_top'] / st['pow']:.1f}% |")
+    return "\n".join(lines)
+
+
 def paired_se_pct(a: list[float], b: list[float], base: list[float]) -> tuple[float, float]:
     """(difference in ppl-vs-base points between a and b, its paired standard error), from per-window NLLs."""
     d = [x - y for x, y in zip(a, b)]
@@ -327,15 +467,28 @@ def table(log: str) -> str:
                                  ("C 128 windows, H 64k, no align", "T 128 windows, H 64k"),
                                  ("C RTN (no GPTQ)", "T RTN (no GPTQ)"), ("C GPTQ, no align", "T default"),
                                  ("C RTN + align", "T RTN (no GPTQ)")) if c in by and t in by]
-    if pairs:
-        lines += ["", "| fp8-channel minus fp8-tensor (ppl points, paired SE) | " + " | ".join(TEXTS) + " |",
-                  "|---|" + "---|" * len(TEXTS)]
-        for c, t in pairs:
+    def paired(title: str, rows: list[tuple[str, str, str]], with_kl: bool) -> list[str]:
+        """A Markdown table of (label, row a, row b): a minus b per text, paired over the windows."""
+        out = ["", f"| {title} | " + " | ".join(TEXTS) + " |", "|---|" + "---|" * len(TEXTS)]
+        for label, a, b in rows:
             cells = []
             for x in TEXTS:
-                d, se = paired_se_pct(by[c][x]["window_nll"], by[t][x]["window_nll"], by[t][x]["base_window_nll"])
-                cells.append(f"{d:+.2f} ({se:.2f})")
-            lines.append(f"| {c} - {t} | " + " | ".join(cells) + " |")
+                ra, rb = by[a][x], by[b][x]
+                d, se = paired_se_pct(ra["window_nll"], rb["window_nll"], rb["base_window_nll"])
+                extra = f" / {100 * (ra['kl'] / rb['kl'] - 1):+.0f}% / {100 * (ra['top1'] - rb['top1']):+.1f}" if with_kl else ""
+                cells.append(f"{d:+.2f} ({se:.2f}){extra}")
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        return out
+
+    if pairs:
+        lines += paired("fp8-channel minus fp8-tensor (ppl points, paired SE)", [(f"{c} - {t}", c, t) for c, t in pairs], False)
+    steps = []
+    for r in recs:  # a row named "<other row>, <step>" is paired against that row
+        base = max((n for n in by if r["variant"].startswith(n + ", ")), key=len, default=None)
+        if base is not None:
+            steps.append((f"{r['variant'][len(base) + 2:]} (on {base})", r["variant"], base))
+    if steps:
+        lines += paired("step (paired: ppl points (SE) / KL change / top-1 points)", steps, True)
     for m in mixed:
         lines += ["", f"Mixed precision (fp8-channel defaults), budget = held-out-slice KL of FFN-in-BF16: "
                       f"{m['budget_kl_holdout']:.5f} nats/token ({m['holdout_tokens']} tokens); budget search: "
@@ -359,12 +512,17 @@ def main() -> int:
     ap.add_argument("--log", default="benchmarks/results/calibration_ablation_smollm2_cpu_20261201.jsonl")
     ap.add_argument("--table", action="store_true", help="print the Markdown table of --log and exit")
     ap.add_argument("--list", action="store_true", help="list the variants and exit")
+    ap.add_argument("--activation-sites", action="store_true",
+                    help="print where the static activation scale loses to per-token scales (--windows of stdlib) and exit")
     args = ap.parse_args()
     if args.list:
         print("\n".join(v.name for v in variants()))
         return 0
     if args.table:
         print(table(args.log))
+        return 0
+    if args.activation_sites:
+        print(activation_sites(args.windows))
         return 0
     run(args)
     return 0
