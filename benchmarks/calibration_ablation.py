@@ -75,11 +75,9 @@ class FakeQuantLinear(torch.nn.Module):
         from fp8_linear.quantize import dequantize_fp8, quantize_fp8
 
         x2 = x.reshape(-1, x.shape[-1]).float()
-        if self.granularity is not None:
-            q, sc = quantize_fp8(x2.detach(), self.scheme.fmt, self.granularity)
-        else:
-            gran = "tensor" if self.input_scale is not None else self.scheme.activation_granularity
-            q, sc = quantize_fp8(x2.detach(), self.scheme.fmt, gran, scale=self.input_scale)
+        static = self.granularity is None and self.input_scale is not None
+        gran = "tensor" if static else self.granularity or self.scheme.activation_granularity
+        q, sc = quantize_fp8(x2.detach(), self.scheme.fmt, gran, scale=self.input_scale if static else None)
         xq = dequantize_fp8(q, sc, torch.float32)
         xq = (x2 + (xq - x2).detach()).to(x.dtype).reshape(x.shape)
         return torch.nn.functional.linear(xq, self.w, None if self.bias is None else self.bias.to(x.dtype))
@@ -102,13 +100,13 @@ def fake_quant(model, per_token: str = ""):
 
 
 #: The smoothing sites: where an activation's per-channel range can move into the weights that read it
-#: with an exact fold on the producer side. ``down``: each MLP's ``down_proj`` input (folded into
-#: ``up_proj``'s rows; ``act(gate) * up`` is linear in ``up``); ``norm``: the two RMSNorm outputs of each
-#: decoder layer (folded into the norm's weight), read by q/k/v and by gate/up.
+#: with an exact fold on the producer side, as (producer, its consumers) pairs per decoder layer.
+#: ``down``: each MLP's ``down_proj`` input (folded into ``up_proj``'s rows; ``act(gate) * up`` is linear
+#: in ``up``); ``norm``: the two RMSNorm outputs (folded into the norm's weight), read by q/k/v and gate/up.
 SMOOTH_SITES = {
-    "down": (("mlp.up_proj",), ("mlp.down_proj",)),
-    "norm": (("input_layernorm", "post_attention_layernorm"),
-             (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"))),
+    "down": (("mlp.up_proj", ("mlp.down_proj",)),),
+    "norm": (("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+             ("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj"))),
 }
 
 
@@ -117,18 +115,11 @@ def smooth_inputs(model, site: str, alpha: float, batches) -> dict[str, torch.Te
     of :data:`SMOOTH_SITES`). Per input channel ``j`` of the consuming Linear layers: ``s_j =
     amax_j(x)^alpha / amax_j(|W[:, j]|)^(1 - alpha)`` (``x`` over ``batches``, ``W`` every consumer's
     weight), divided by its median and floored at 1 (only the outlier channels shrink); the consumers'
-    columns ``*= s_j`` and the producer (``up_proj`` rows, or the norm weight) ``/= s_j``: the model's
-    function is unchanged in real arithmetic. Returns ``{first consumer's name: s}`` (``[in_features]``,
-    fp32 or the weights' fp64)."""
-    producers, consumers = SMOOTH_SITES[site]
-    groups = []  # (producer module, [consumer modules], first consumer's name)
-    for li, layer in enumerate(model.model.layers):
-        pre = f"model.layers.{li}."
-        if site == "down":
-            groups.append((layer.get_submodule(producers[0]), [layer.get_submodule(consumers[0])], pre + consumers[0]))
-        else:
-            for prod, cons in zip(producers, consumers):
-                groups.append((layer.get_submodule(prod), [layer.get_submodule(c) for c in cons], pre + cons[0]))
+    columns ``*= s_j`` and the producer's output channels (``up_proj`` rows, or the norm weight) ``/= s_j``:
+    the model's function is unchanged in real arithmetic. Returns ``{first consumer's name: s}``
+    (``[in_features]``, fp32 or the weights' fp64)."""
+    groups = [(layer.get_submodule(prod), [layer.get_submodule(c) for c in cons], f"model.layers.{i}.{cons[0]}")
+              for i, layer in enumerate(model.model.layers) for prod, cons in SMOOTH_SITES[site]]
     amax: dict[str, torch.Tensor] = {}
     hooks = []
     for _, cons, name in groups:
@@ -152,10 +143,8 @@ def smooth_inputs(model, site: str, alpha: float, batches) -> dict[str, torch.Te
             s = (s / s.median()).clamp_min(1.0)
             for c in cons:
                 c.weight.copy_(c.weight.to(wide) * s)
-            if site == "down":
-                prod.weight.copy_(prod.weight.to(wide) / s[:, None])
-            else:
-                prod.weight.copy_(prod.weight.to(wide) / s)
+            # the producer's output channels are its weight's first dimension (Linear rows, a norm's vector)
+            prod.weight.copy_(prod.weight.to(wide) / s.reshape(-1, *[1] * (prod.weight.dim() - 1)))
             scales[name] = s
     return scales
 
@@ -220,6 +209,13 @@ def variants() -> list[Variant]:
           for p in presets),
     ]
 
+
+
+def calibration_split(tok) -> tuple[list[Batch], list[Batch]]:
+    """The package default's calibration windows of ``calib`` in batches of 4: (the calibrating ones,
+    the held-out slice of the mixed-precision search)."""
+    batches = materialize_batches(None, tok, seq_len=SEQ_LEN, max_samples=CALIB_WINDOWS, batch_size=4)
+    return batches[:-HOLDOUT_WINDOWS // 4], batches[-HOLDOUT_WINDOWS // 4:]
 
 
 def eval_texts(tok, windows: int) -> dict[str, list[Batch]]:
@@ -318,8 +314,7 @@ def run(args) -> None:
     ref = {k: Reference(model, b) for k, b in texts.items()}
     print(f"reference evaluated in {time.time() - t0:.0f} s", flush=True)
     t0 = time.time()
-    batches = materialize_batches(None, tok, seq_len=SEQ_LEN, max_samples=CALIB_WINDOWS, batch_size=4)
-    cal, hold = batches[:-HOLDOUT_WINDOWS // 4], batches[-HOLDOUT_WINDOWS // 4:]
+    cal, hold = calibration_split(tok)
     h_sizes = sorted({v.h_tokens for v in wanted})
     histogram = any(v.act_observer != "minmax" for v in wanted)
     bases = {None: (model, calibrate_with_snapshots(model, targets, cal, h_sizes, histogram=histogram))}
@@ -396,27 +391,29 @@ def activation_sites(windows: int) -> str:
     below the smallest normal (2^-6 in FP8 units) and above 448 under the static scale, the geometric
     mean of each token's largest ``|x| / scale``, the SQNR of both ways over all elements and without
     each token's largest element, and that element's share of the input power. Returns a Markdown table."""
+    from fp8_linear.formats import fmt_max, scale_from_amax
     from fp8_linear.quantize import dequantize_fp8, quantize_fp8
 
+    fmt = torch.float8_e4m3fn
+    top_code, smallest_normal = fmt_max(fmt), torch.finfo(fmt).smallest_normal
     model, tok = load_model(None)
     model = model.to(torch.bfloat16).eval()
-    cal = materialize_batches(None, tok, seq_len=SEQ_LEN, max_samples=CALIB_WINDOWS, batch_size=4)[:-HOLDOUT_WINDOWS // 4]
     targets = select_linears(model)
-    obs = calibrate(model, targets, cal, progress=False, histogram=False)
+    obs = calibrate(model, targets, calibration_split(tok)[0], progress=False, histogram=False)
     keys = ("elems", "sub", "clip", "tok", "log2_tokmax", "pow", "pow_top", "e_static", "e_token", "e_static_rest", "e_token_rest")
     stats: dict[str, dict[str, float]] = {}
     hooks = []
     for name, m in targets.items():
-        scale = torch.tensor(float(obs[name].max) / 448.0)
+        scale = scale_from_amax(torch.as_tensor(obs[name].max), fmt)
 
         def hook(mod, inp, kind=name.rsplit(".", 1)[1], scale=scale):
             x = inp[0].detach().float().reshape(-1, inp[0].shape[-1])
             st = stats.setdefault(kind, dict.fromkeys(keys, 0.0))
             u = (x / scale).abs()
             top = torch.zeros_like(x, dtype=torch.bool).scatter_(1, x.abs().argmax(1, keepdim=True), True)
-            ds = dequantize_fp8(*quantize_fp8(x, "e4m3", "tensor", scale=scale), torch.float32) - x
-            dt = dequantize_fp8(*quantize_fp8(x, "e4m3", "token"), torch.float32) - x
-            for k, v in (("elems", u.numel()), ("sub", ((u < 2 ** -6) & (u > 0)).sum()), ("clip", (u > 448).sum()),
+            ds = dequantize_fp8(*quantize_fp8(x, fmt, "tensor", scale=scale), torch.float32) - x
+            dt = dequantize_fp8(*quantize_fp8(x, fmt, "token"), torch.float32) - x
+            for k, v in (("elems", u.numel()), ("sub", ((u < smallest_normal) & (u > 0)).sum()), ("clip", (u > top_code).sum()),
                          ("tok", u.shape[0]), ("log2_tokmax", torch.log2(u.amax(1).clamp_min(1e-30)).sum()),
                          ("pow", x.pow(2).sum()), ("pow_top", x[top].pow(2).sum()),
                          ("e_static", ds.pow(2).sum()), ("e_token", dt.pow(2).sum()),
