@@ -69,11 +69,14 @@ class FakeQuantLinear(torch.nn.Module):
         self.weight, self.weight_scale, self.input_scale, self.bias = m.weight, m.weight_scale, m.input_scale, m.bias
         self.scheme = m.scheme
         self.granularity = None  # set to "token" to quantize this layer's activations per token at run time
+        self.quantize_activations = True  # False: the activations pass unquantized (a diagnostic)
         self.w = (fp8_to_float32(m.weight) * expand_scale(m.weight_scale, m.weight.shape)).to(torch.bfloat16)
 
     def forward(self, x):
         from fp8_linear.quantize import dequantize_fp8, quantize_fp8
 
+        if not self.quantize_activations:
+            return torch.nn.functional.linear(x, self.w.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         x2 = x.reshape(-1, x.shape[-1]).float()
         static = self.granularity is None and self.input_scale is not None
         gran = "tensor" if static else self.granularity or self.scheme.activation_granularity
@@ -83,10 +86,13 @@ class FakeQuantLinear(torch.nn.Module):
         return torch.nn.functional.linear(xq, self.w, None if self.bias is None else self.bias.to(x.dtype))
 
 
-def fake_quant(model, per_token: str = ""):
+def fake_quant(model, per_token: str = "", weights_from=None, quantize_activations: bool = True):
     """``model`` with every FP8Linear replaced by its :class:`FakeQuantLinear`, in place; layers whose
     name matches the regex ``per_token`` (``re.search``) quantize their activations per token at run
-    time instead of with their static scale (a diagnostic: where the static scale costs accuracy)."""
+    time instead of with their static scale (a diagnostic: where the static scale costs accuracy).
+    Two more diagnostics split a preset's error into its halves: ``weights_from`` (the unquantized
+    model) puts its bf16 weights back in place of the dequantized FP8 ones (activations only), and
+    ``quantize_activations=False`` passes the activations unquantized (weights only)."""
     from fp8_linear.module import FP8Linear
     from fp8_linear.calibration.quantize import _set_module
 
@@ -95,6 +101,9 @@ def fake_quant(model, per_token: str = ""):
             f = FakeQuantLinear(m)
             if per_token and re.search(per_token, name):
                 f.granularity = "token"
+            if weights_from is not None:
+                f.w = weights_from.get_submodule(name).weight.detach().to(torch.bfloat16)
+            f.quantize_activations = quantize_activations
             _set_module(model, name, f)
     return model
 
@@ -167,6 +176,8 @@ class Variant:
     weight_observer: str = "minmax"
     smooth: tuple[str, float] | None = None  # (site, alpha) of smooth_inputs before calibration
     per_token: str = ""             # regex of layers whose activations are quantized per token (fake_quant)
+    quant_weights: bool = True      # False: the bf16 weights, only the activations quantized (a diagnostic)
+    quant_activations: bool = True  # False: the activations unquantized, only the weights (a diagnostic)
 
 
 def variants() -> list[Variant]:
@@ -207,6 +218,12 @@ def variants() -> list[Variant]:
                   smooth=(site, alpha))
           for site, alpha, presets in (("down", 0.5, (c, t, d)), ("norm", 0.5, (c, t, d)), ("norm", 0.8, (c, t)))
           for p in presets),
+        # each preset's error split in two on top of the defaults: the activations alone (bf16 weights),
+        # the weights alone (bf16 activations); T and C share their static activation scales
+        *(Variant(f"{letter[p]} H 16k, act-order, activations only", p, h_tokens=16384, act_order=True,
+                  quant_weights=False) for p in (c, d)),
+        *(Variant(f"{letter[p]} H 16k, act-order, weights only", p, h_tokens=16384, act_order=True,
+                  quant_activations=False) for p in (c, t, d)),
     ]
 
 
@@ -326,7 +343,8 @@ def run(args) -> None:
     for v in wanted:
         t0 = time.time()
         base, observers = bases[v.smooth]
-        q = fake_quant(build(base, v, with_hessian(observers, v.h_tokens)), v.per_token)
+        q = fake_quant(build(base, v, with_hessian(observers, v.h_tokens)), v.per_token,
+                       weights_from=None if v.quant_weights else base, quantize_activations=v.quant_activations)
         t_build = time.time() - t0
         rec = {"variant": v.name, **dataclasses.asdict(v), **header, "build_s": round(t_build, 1)}
         for text, batches in texts.items():

@@ -250,12 +250,13 @@ def error_text(e: BaseException, width: int = 200) -> str:
 
 
 def measure_batch(model, batch: int, args, clock: Budget | None, eager: bool, calls: list, device,
-                  compiles: int = 1, skip_compiled: str | None = None) -> dict:
+                  compiles: int = 1, skip_compiled: str | None = None, path: str | None = None) -> dict:
     """The decode cell of one batch size: eager (if ``eager``) and compiled ``generate``, the greedy
     comparison of the two, and the compiled step's split into the linear layers (``calls``: the GEMMs a
     forward launches) and the rest. The compiled cell runs only if ``clock`` has room for ``compiles``
     compiles (2 for the baseline: itself and one to compare it with) and no ``skip_compiled`` reason is
-    given, else it is recorded as skipped with the reason."""
+    given, else it is recorded as skipped with the reason; ``path`` (the row's label) keys the clock's
+    compile estimate."""
     cell, greedy = {}, {}
     ids = prompt_ids(model.config.vocab_size, batch, args.prompt, device)
     for mode, compiled in (("eager", False), ("compiled", True)):
@@ -264,15 +265,15 @@ def measure_batch(model, batch: int, args, clock: Budget | None, eager: bool, ca
         if compiled and skip_compiled is not None:
             cell[mode] = dict(error=f"skipped: {skip_compiled}")
             continue
-        if compiled and clock is not None and not clock.allows_compile(compiles):
-            cell[mode] = dict(error=f"skipped: {clock.why()}")
+        if compiled and clock is not None and not clock.allows_compile(compiles, path):
+            cell[mode] = dict(error=f"skipped: {clock.why(path)}")
             continue
         reset_compiled(model)
         try:
             cell[mode], *greedy[mode] = decode_cell(model, ids, args.new_tokens, compiled, max(1, args.reps),
                                                     skip_guards=args.skip_guards)
             if compiled and clock is not None:
-                clock.compiled(cell[mode].get("compile_s", 0.0))
+                clock.compiled(cell[mode].get("compile_s", 0.0), path)
         except Exception as e:  # noqa: BLE001 - a path that cannot run is reported, not fatal
             cell[mode] = dict(error=error_text(e))
     if "eager" not in greedy and "compiled" in greedy:
@@ -319,7 +320,7 @@ def run_phase(model, label: str, row: dict, batches: list[int], args, clock, dev
         base_error = str(((base or {}).get("decode", {}).get(str(b)) or {}).get("compiled", {}).get("error", ""))
         skip = "no BF16 compiled cell at this batch to compare with" if base_error.startswith("skipped") else None
         row["decode"][str(b)] = cell = measure_batch(model, b, args, clock, b in args.eager_batches, calls, device,
-                                                     2 if baseline else 1, skip)
+                                                     2 if baseline else 1, skip, label)
         checkpoint()  # before the line: a printed cell is on disk
         print(f"  {label} batch {b}: {fmt_cell(cell)}", flush=True)
     if is_cuda(device):

@@ -50,3 +50,16 @@ def test_a_baseline_asks_room_for_two():
     assert b.allows_compile(1) and not b.allows_compile(2)  # 60 < ~100 < 110
     with pytest.raises(ValueError):
         b.allows_compile(0)
+
+
+def test_a_slow_path_does_not_starve_the_others():
+    # torchao compiled in 122 s at batch 1 on an H200 where ours took 38-47 s; at the next batch size
+    # each path is estimated by its own compiles, so ours still run where torchao's would not fit
+    b = Budget(200.0, first_guess_s=45.0, reserve_s=20.0)
+    for path, s in (("bf16", 32.0), ("fp8-tensor ours fused", 38.0), ("torchao float8 rowwise", 122.0)):
+        b.compiled(s, path)
+    b.t0 -= 40.0  # ~160 s left
+    assert b.allows_compile(2, "bf16") and b.allows_compile(1, "fp8-tensor ours fused")
+    assert not b.allows_compile(2, "torchao float8 rowwise")
+    assert b.estimate("a new path") == 122.0 and b.estimate() == 122.0  # unknown: the slowest of any
+    assert "torchao float8 rowwise's compile took up to 122 s" in b.why("torchao float8 rowwise")

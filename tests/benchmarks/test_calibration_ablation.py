@@ -1,6 +1,8 @@
 """The ablation's two model-side diagnostics (benchmarks/calibration_ablation.py): the down_proj range
-migration leaves the model's function unchanged (checked in fp64 against the unchanged model), and the
-per-token override quantizes exactly the matched layers' activations per token."""
+migration leaves the model's function unchanged (checked in fp64 against the unchanged model), the
+per-token override quantizes exactly the matched layers' activations per token, and the two halves of a
+preset's error (activations only: the original weights back; weights only: the activations unquantized)
+are what they say."""
 
 from __future__ import annotations
 
@@ -70,3 +72,30 @@ def test_fake_quant_per_token_override(pattern, expect):
     # the bf16 GEMM's output rounding (2^-8 relative) and accumulation; the other mode is off by far more
     for row in range(3):
         assert torch.allclose(got[row], want[row], rtol=2 ** -6, atol=2 ** -6 * float(want[row].abs().max()))
+
+
+@pytest.mark.parametrize("half", ["activations only", "weights only"])
+def test_fake_quant_error_halves(half):
+    from fp8_linear import quantize_model
+
+    base = _tiny_llama()
+    model = quantize_model(copy.deepcopy(base), [_ids(3)], "fp8-dynamic", progress=False)
+    if half == "activations only":
+        fake_quant(model, weights_from=base)
+    else:
+        fake_quant(model, quantize_activations=False)
+    name = "model.layers.1.mlp.gate_proj"
+    m, orig = model.get_submodule(name), base.get_submodule(name)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(6)).bfloat16()
+    with torch.no_grad():
+        got = m(x).float()
+    if half == "activations only":
+        assert torch.equal(m.w, orig.weight.detach().bfloat16())  # the bf16 weight itself
+        q, sc = quantize_fp8(x.float(), m.scheme.fmt, "token")
+        xin, w = dequantize_fp8(q, sc, torch.float32).bfloat16().float(), orig.weight.float()
+    else:
+        assert not torch.equal(m.w, orig.weight.detach().bfloat16())  # FP8 (GPTQ-rounded) weights
+        xin, w = x.float(), m.w.float()
+    want = torch.nn.functional.linear(xin, w)
+    # bf16 GEMM output rounding (2^-8 relative) and accumulation over 64 terms
+    assert torch.allclose(got, want, rtol=2 ** -6, atol=2 ** -6 * float(want.abs().max()))
