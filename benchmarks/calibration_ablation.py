@@ -235,9 +235,13 @@ def calibration_split(tok) -> tuple[list[Batch], list[Batch]]:
     return batches[:-HOLDOUT_WINDOWS // 4], batches[-HOLDOUT_WINDOWS // 4:]
 
 
-def eval_texts(tok, windows: int) -> dict[str, list[Batch]]:
-    texts = {"choose": corpus_text("choose"), "report": corpus_text("report"), "stdlib": stdlib_text()}
-    return {k: to_batches(spread_windows(t, tok, windows)) for k, t in texts.items()}
+def eval_texts(tok, windows: int, names: tuple[str, ...] = TEXTS) -> dict[str, list[Batch]]:
+    """``windows`` windows of 512 tokens of each text in ``names`` (of :data:`TEXTS`)."""
+    read = {"choose": lambda: corpus_text("choose"), "report": lambda: corpus_text("report"), "stdlib": stdlib_text}
+    unknown = set(names) - set(read)
+    if unknown or not names:
+        raise ValueError(f"texts: expected a non-empty subset of {', '.join(TEXTS)}, got {', '.join(names) or 'none'}")
+    return {k: to_batches(spread_windows(read[k](), tok, windows)) for k in TEXTS if k in names}
 
 
 def calibrate_with_snapshots(model, targets, batches, h_tokens: list[int], histogram: bool = False) -> dict:
@@ -315,7 +319,7 @@ def run(args) -> None:
     t_start = time.time()
     model, tok = load_model(None)
     model = model.to(torch.bfloat16).eval()
-    texts = eval_texts(tok, args.windows)
+    texts = eval_texts(tok, args.windows, tuple(args.texts.split(",")))
     wanted = variants() if args.variants == "all" else [v for v in variants() if v.name in args.variants.split(";")]
     done = set()
     log = pathlib.Path(args.log)
@@ -353,7 +357,7 @@ def run(args) -> None:
         with log.open("a") as f:
             f.write(json.dumps(rec) + "\n")
         print(f"{v.name:40s} " + "  ".join(f"{t} {rec[t]['ppl_delta_pct']:+.3f}+-{rec[t]['ppl_delta_se_pct']:.3f}"
-                                          for t in TEXTS) + f"  ({t_build:.0f}+{rec['eval_s']:.0f} s)", flush=True)
+                                          for t in texts) + f"  ({t_build:.0f}+{rec['eval_s']:.0f} s)", flush=True)
         if v.name == "C default" and args.mixed:
             mixed_precision_run(model, q, targets, cal, hold, ref, log, header)
         del q
@@ -380,7 +384,7 @@ def mixed_precision_run(model, q, targets, cal, hold, ref, log, header) -> None:
     budget = mp.measure_kl(q, hold, refs)
     rec = {"variant": "mixed precision (C default)", **header, "budget_kl_holdout": budget,
            "ffn_bf16_layers": len(ffn), "holdout_tokens": mp._tokens(hold)}
-    for text in TEXTS:
+    for text in ref:
         rec[f"ffn-bf16 {text}"] = ref[text].compare(q)
     for n in ffn:
         _set_module(q, n, quantized[n])
@@ -390,7 +394,7 @@ def mixed_precision_run(model, q, targets, cal, hold, ref, log, header) -> None:
                weight_bytes_all_fp8=rep.weight_bytes_all_fp8, weight_bytes_unquantized=rep.weight_bytes_unquantized,
                ffn_bf16_weight_bytes=rep.weight_bytes_all_fp8 - sum(quantized[n].weight.numel() + 4 * quantized[n].weight_scale.numel() for n in ffn)
                + sum(originals[n].weight.numel() * 2 for n in ffn))
-    for text in TEXTS:
+    for text in ref:
         rec[f"budget {text}"] = ref[text].compare(q)
     for n in rep.kept:
         _set_module(q, n, quantized[n])
@@ -399,7 +403,7 @@ def mixed_precision_run(model, q, targets, cal, hold, ref, log, header) -> None:
         f.write(json.dumps(rec) + "\n")
     print(rep.summary(), flush=True)
     print("mixed: " + "  ".join(f"{t}: ffn-bf16 KL {rec['ffn-bf16 ' + t]['kl']:.5f} budget KL {rec['budget ' + t]['kl']:.5f}"
-                                for t in TEXTS) + f" (budget {budget:.5f}; {len(rep.kept)} vs {len(ffn)} BF16 layers)", flush=True)
+                                for t in ref) + f" (budget {budget:.5f}; {len(rep.kept)} vs {len(ffn)} BF16 layers)", flush=True)
 
 
 def activation_sites(windows: int) -> str:
@@ -470,12 +474,13 @@ def paired_se_pct(a: list[float], b: list[float], base: list[float]) -> tuple[fl
 def table(log: str) -> str:
     recs = [json.loads(line) for line in pathlib.Path(log).read_text().splitlines() if line.strip()]
     mixed = [r for r in recs if "budget_kl_holdout" in r]
-    recs = [r for r in recs if "choose" in r]
-    lines = ["| variant | " + " | ".join(f"{t} ppl % (+-SE) | {t} KL" for t in TEXTS) + " |",
-             "|---|" + "---|---|" * len(TEXTS)]
+    recs = [r for r in recs if any(t in r for t in TEXTS)]
+    texts = [t for t in TEXTS if recs and all(t in r for r in recs)]  # the texts every variant was evaluated on
+    lines = ["| variant | " + " | ".join(f"{t} ppl % (+-SE) | {t} KL" for t in texts) + " |",
+             "|---|" + "---|---|" * len(texts)]
     for r in recs:
         lines.append(f"| {r['variant']} | " + " | ".join(
-            f"{r[t]['ppl_delta_pct']:+.2f} ({r[t]['ppl_delta_se_pct']:.2f}) | {r[t]['kl']:.4f}" for t in TEXTS) + " |")
+            f"{r[t]['ppl_delta_pct']:+.2f} ({r[t]['ppl_delta_se_pct']:.2f}) | {r[t]['kl']:.4f}" for t in texts) + " |")
     by = {r["variant"]: r for r in recs}
     pairs = [(c, t) for c, t in (("C default", "T default"), ("C H 16k tokens", "T H 16k tokens"),
                                  ("C 128 windows, H 64k", "T 128 windows, H 64k"),
@@ -484,10 +489,10 @@ def table(log: str) -> str:
                                  ("C RTN + align", "T RTN (no GPTQ)")) if c in by and t in by]
     def paired(title: str, rows: list[tuple[str, str, str]], with_kl: bool) -> list[str]:
         """A Markdown table of (label, row a, row b): a minus b per text, paired over the windows."""
-        out = ["", f"| {title} | " + " | ".join(TEXTS) + " |", "|---|" + "---|" * len(TEXTS)]
+        out = ["", f"| {title} | " + " | ".join(texts) + " |", "|---|" + "---|" * len(texts)]
         for label, a, b in rows:
             cells = []
-            for x in TEXTS:
+            for x in texts:
                 ra, rb = by[a][x], by[b][x]
                 d, se = paired_se_pct(ra["window_nll"], rb["window_nll"], rb["base_window_nll"])
                 extra = f" / {100 * (ra['kl'] / rb['kl'] - 1):+.0f}% / {100 * (ra['top1'] - rb['top1']):+.1f}" if with_kl else ""
@@ -521,6 +526,8 @@ def table(log: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--windows", type=int, default=4, help="eval windows of 512 tokens per text")
+    ap.add_argument("--texts", default=",".join(TEXTS),
+                    help="eval texts, comma-separated (default all: choose,report,stdlib; 'stdlib' alone holds 64 windows)")
     ap.add_argument("--mixed", action=argparse.BooleanOptionalAction, default=True,
                     help="after 'C default', run the mixed-precision budget search against FFN-in-BF16")
     ap.add_argument("--variants", default="all", help="'all' or variant names separated by ';'")

@@ -99,3 +99,11 @@ def test_fake_quant_error_halves(half):
     want = torch.nn.functional.linear(xin, w)
     # bf16 GEMM output rounding (2^-8 relative) and accumulation over 64 terms
     assert torch.allclose(got, want, rtol=2 ** -6, atol=2 ** -6 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("names", [("nope",), (), ("stdlib", "choose ")])
+def test_eval_texts_refuses_unknown_names(names):
+    from benchmarks.calibration_ablation import eval_texts
+
+    with pytest.raises(ValueError, match="non-empty subset of choose, report, stdlib"):
+        eval_texts(None, 1, names)
