@@ -309,7 +309,8 @@ def build(model, v: Variant, observers):
             with torch.no_grad():
                 return apply_quantization(q, targets, scheme, obs, gptq=False, cache=cache)
         with torch.no_grad():
-            return apply_quantization(q, targets, scheme, obs, gptq=v.gptq)
+            # activations-only variants put the bf16 weights back (fake_quant), so no GPTQ for them
+            return apply_quantization(q, targets, scheme, obs, gptq=v.gptq and v.quant_weights)
     finally:
         gptq.DAMP, gptq.ACT_ORDER, scale_align.ALIGN_CANDIDATES = old
 
