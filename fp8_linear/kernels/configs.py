@@ -30,7 +30,6 @@ class KernelConfig:
     split_k: bool = False  # has split-K kernel instances (select_splits)
     block_scales: bool = False  # has BLK instances: 1x128 / 128x128 scales
     block_m: int = BLOCK_M  # tile rows on the kernel's A side: 128 (two consumer warpgroups) or 64 (one)
-    k_pair: bool = False  # 64-row tile, two consumer warpgroups on alternate k-blocks (sums added at the tile end)
 
     @property
     def swap_tma_store(self) -> bool:
@@ -62,23 +61,9 @@ CONFIGS: tuple[KernelConfig, ...] = (
     # 64 weight rows x 128 tokens (v39): twice the CTAs of config 7 / 14 at M = 65-256 without split K's
     # fp32 partials, each weight row read by one CTA per 128 tokens
     KernelConfig(20, "swap64x128_2acc", 128, True, 1, True, block_m=64),
-    # v45: the 64-row tiles with two consumer warpgroups taking alternate k-blocks (each its own FP32 sums,
-    # added at the tile end): twice the wgmma issue and promotion per SM on the same grid. Forced only until
-    # measured (KPAIR_CONFIGS).
-    KernelConfig(21, "swap64x16_2acc_kpair", 16, True, 1, True, block_m=64, k_pair=True),
-    KernelConfig(22, "swap64x32_2acc_kpair", 32, True, 1, True, block_m=64, k_pair=True),
-    KernelConfig(23, "swap64x64_2acc_kpair", 64, True, 1, True, block_m=64, k_pair=True),
-    KernelConfig(24, "swap64x128_2acc_kpair", 128, True, 1, True, block_m=64, k_pair=True),
 )
 #: Config by id.
 CONFIG_BY_ID: dict[int, KernelConfig] = {c.id: c for c in CONFIGS}
-#: The k-pair decode configs (v45, docs/kernel-log.md): reached only by FP8_LINEAR_SM90_CONFIG or a
-#: benchmark's --configs until measured against their one-warpgroup twins (no rule gives them yet).
-KPAIR_CONFIGS: tuple[int, ...] = tuple(c.id for c in CONFIGS if c.k_pair)
-#: Each k-pair config's one-warpgroup twin: the same tile and grid.
-KPAIR_TWIN: dict[int, int] = {c.id: next(t.id for t in CONFIGS if not t.k_pair and t.block_m == c.block_m
-                                         and t.block_n == c.block_n and t.swap_ab == c.swap_ab)
-                              for c in CONFIGS if c.k_pair}
 
 
 def config(token: int | str) -> KernelConfig:

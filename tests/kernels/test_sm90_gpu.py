@@ -338,23 +338,6 @@ def test_rows64_bitwise_repeatable(cfg):
     check(first, reference(a, b, sa, sb, bias), torch.bfloat16, f"config {cfg}")
 
 
-# --------------------------------------------------------------- the k-pair tiles (v45)
-#: Configs 21-24: two consumer warpgroups on one 64-row tile take its k-blocks cw, cw + 2, ... into their
-#: own FP32 sums and walk the stage ring in lockstep (each skipping the other's stages); the second hands its
-#: sums to the first through shared memory at the tile end. K of 1, 2 and 3 k-blocks (the second warpgroup
-#: with none, one, one), 129 (the ring wrapped), grids of many tiles per CTA (the hand-over buffer reused
-#: from tile to tile, the ring carried across tiles of odd k-block counts), M past the tile width.
-KPAIR_SHAPES = [(1, 200, 128), (5, 20000, 256), (16, 9000, 384), (64, 4104, 16400), (128, 136, 1040), (33, 8200, 4864)]
-
-
-@pytest.mark.parametrize("cfg", configs.KPAIR_CONFIGS)
-@pytest.mark.parametrize("m, n, k", KPAIR_SHAPES)
-def test_kpair_tiles(cfg, m, n, k):
-    i = KPAIR_SHAPES.index((m, n, k)) + cfg
-    _case(m, n, k, *FMTS[i % 4], *SCALES[(i // 4) % 4], [None, torch.bfloat16, torch.float32][i % 3], OUTS[i % 3],
-          config=cfg)
-
-
 # --------------------------------------------------------------- split K (few tiles, long K)
 #: Split K in one launch: each split writes its raw fp32 partial to the workspace, the last split of a
 #: tile sums them in split order and runs the epilogue (sm90_epilogue.cuh split_fixup): every config that

@@ -256,9 +256,8 @@ def test_generated_config_header_instances():
         # SPLIT, BLK, BM: the trailing defaults (false, false, 128) left out
         tail = {(False, False): "", (True, False): ", true", (False, True): ", false, true",
                 (True, True): ", true, true"}
-        if c.block_m != 128 or c.k_pair:
-            kp = ", true" if c.k_pair else ""
-            tail = {(split, blk): f", {str(split).lower()}, {str(blk).lower()}, {c.block_m}{kp}"
+        if c.block_m != 128:
+            tail = {(split, blk): f", {str(split).lower()}, {str(blk).lower()}, {c.block_m}"
                     for split in (False, True) for blk in (False, True)}
         assert f"{head}{tail[False, False]}>(la" in case, case
         assert (f"{head}{tail[True, False]}>(la" in case) == c.split_k, case
@@ -276,37 +275,21 @@ def test_configs_named_and_unique():
     for c in configs.CONFIGS:
         assert configs.config(c.id) is configs.config(str(c.id)) is configs.config(c.name) is c
         assert c.name.startswith(("swap" if c.swap_ab else "tile") + f"{c.block_m}x{c.block_n}")
-        name = c.name.removesuffix("_kpair") if c.k_pair else c.name
-        assert name != c.name or not c.k_pair, c.name  # a k-pair config says so
-        assert f"x{c.block_n}" in name and name.endswith(f"_{c.n_acc}acc" if c.n_acc > 1 else
-                                                         "_2acc" if c.double_acc else f"x{c.block_n}")
+        assert f"x{c.block_n}" in c.name and c.name.endswith(f"_{c.n_acc}acc" if c.n_acc > 1 else
+                                                            "_2acc" if c.double_acc else f"x{c.block_n}")
     with pytest.raises(ValueError, match="unknown sm90 kernel config"):
         configs.config(0)
 
 
 def test_every_config_is_selected(monkeypatch):
-    """No config the shape-based choice never gives (those measured slower live in docs/kernel-log.md),
-    except the k-pair decode configs while they are measured (configs.KPAIR_CONFIGS: forced only)."""
+    """No config the shape-based choice never gives (those measured slower live in docs/kernel-log.md)."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     picked = {configs.select_config(m, n, k, swap_ok=sw and not blk, block=blk).id
               for m in (1, 16, 32, 64, 65, 128, 512, 2048, 4096, 8192)
               for n, k in ((4096, 4096), (6144, 4096), (10240, 8192), (28672, 4096), (57344, 8192), (8192, 28672),
                            (6144, 1280))
               for sw in (False, True) for blk in (False, True)}
-    assert picked == {c.id for c in configs.CONFIGS} - set(configs.KPAIR_CONFIGS)
-
-
-def test_kpair_configs():
-    """The k-pair decode configs: each a 64-row swapped config (its twin: the same tile width, operand order,
-    schedule and grid) with two consumer warpgroups on alternate k-blocks; no split K or block scales (the
-    kernel's static_asserts); never chosen until measured."""
-    assert configs.KPAIR_CONFIGS and set(configs.KPAIR_TWIN) == set(configs.KPAIR_CONFIGS)
-    for cid, tid in configs.KPAIR_TWIN.items():
-        c, t = configs.CONFIG_BY_ID[cid], configs.CONFIG_BY_ID[tid]
-        assert c.name == f"{t.name}_kpair" and not t.k_pair
-        assert (c.block_m, c.block_n, c.swap_ab, c.n_acc, c.double_acc) == (64, t.block_n, True, 1, True)
-        assert not c.split_k and not c.block_scales
-        assert configs.tiles(c, 64, 4096) == configs.tiles(t, 64, 4096)
+    assert picked == {c.id for c in configs.CONFIGS}
 
 
 def test_select_config_env_override(monkeypatch):
@@ -344,8 +327,7 @@ def test_rows64_twins(monkeypatch):
     into fewer work items (tiles x splits) than the 64-row grid has."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
-    assert set(configs.ROWS64_TWIN.values()) | {configs.ROWS64_WIDE_CONFIG} == {
-        c.id for c in configs.CONFIGS if c.block_m == 64 and not c.k_pair}
+    assert set(configs.ROWS64_TWIN.values()) | {configs.ROWS64_WIDE_CONFIG} == {c.id for c in configs.CONFIGS if c.block_m == 64}
     for base_id, twin_id in configs.ROWS64_TWIN.items():
         base, twin = configs.CONFIG_BY_ID[base_id], configs.CONFIG_BY_ID[twin_id]
         assert (twin.block_m, base.block_m) == (64, 128)

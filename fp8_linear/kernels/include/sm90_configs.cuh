@@ -28,10 +28,6 @@ inline bool config_info(int id, ConfigInfo& info) {
     case 18: info = {32, 64, true, true, true, "swap64x32_2acc"}; return true;
     case 19: info = {64, 64, true, true, true, "swap64x64_2acc"}; return true;
     case 20: info = {128, 64, true, false, false, "swap64x128_2acc"}; return true;
-    case 21: info = {16, 64, true, false, false, "swap64x16_2acc_kpair"}; return true;
-    case 22: info = {32, 64, true, false, false, "swap64x32_2acc_kpair"}; return true;
-    case 23: info = {64, 64, true, false, false, "swap64x64_2acc_kpair"}; return true;
-    case 24: info = {128, 64, true, false, false, "swap64x128_2acc_kpair"}; return true;
     default: return false;
   }
 }
@@ -88,14 +84,6 @@ const char* launch_config(const LaunchArgs& la, cudaStream_t stream, bool split,
                    : launch_one<64, true, 1, FA, FB, true, false, false, 64>(la, stream);
     case 20:  // swap64x128_2acc
       return launch_one<128, true, 1, FA, FB, true, false, false, 64>(la, stream);
-    case 21:  // swap64x16_2acc_kpair
-      return launch_one<16, true, 1, FA, FB, true, false, false, 64, true>(la, stream);
-    case 22:  // swap64x32_2acc_kpair
-      return launch_one<32, true, 1, FA, FB, true, false, false, 64, true>(la, stream);
-    case 23:  // swap64x64_2acc_kpair
-      return launch_one<64, true, 1, FA, FB, true, false, false, 64, true>(la, stream);
-    case 24:  // swap64x128_2acc_kpair
-      return launch_one<128, true, 1, FA, FB, true, false, false, 64, true>(la, stream);
     default: return "unknown kernel config";
   }
 }

@@ -60,20 +60,18 @@ __device__ __forceinline__ void prefetch_weight_l2(const CUtensorMap* map, int t
   for (int kb = kb0; kb < end; ++kb) tma_prefetch_l2_2d(map, kb * kBK, row);
 }
 
-template <int BN, bool SWAP, int NACC, int FA, int FB, bool DBL, bool SPLIT = false, bool BLK = false, int BM = kBM,
-          bool KP = false>
-__global__ void __launch_bounds__(TileCfg<BN, SWAP, BLK, BM, KP>::kThreads, 1)
+template <int BN, bool SWAP, int NACC, int FA, int FB, bool DBL, bool SPLIT = false, bool BLK = false, int BM = kBM>
+__global__ void __launch_bounds__(TileCfg<BN, SWAP, BLK, BM>::kThreads, 1)
     fp8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const __grid_constant__ CUtensorMap tma_out, int rows_a, int rows_b, int K,
                          const __grid_constant__ EpiParams ep, int prefetch_kb) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  using C = TileCfg<BN, SWAP, BLK, BM, KP>;
+  using C = TileCfg<BN, SWAP, BLK, BM>;
   constexpr int S = C::kStages;
-  static_assert(!KP || (DBL && !SPLIT), "k-pair tiles: the two-accumulator loop, unsplit");
   // One consumer warpgroup (BM = 64) runs without setmaxnreg: 256 threads have up to 255 registers each.
   constexpr bool kRegSplit = C::kConsumers == 2;
   uint8_t* smem = g_smem;
-  const SmemLayout<BN, SWAP, BLK, BM, KP> L(smem);
+  const SmemLayout<BN, SWAP, BLK, BM> L(smem);
   uint8_t* sA = L.sA;
   uint8_t* sB = L.sB;
   uint8_t* sC = L.sC;
@@ -90,7 +88,7 @@ __global__ void __launch_bounds__(TileCfg<BN, SWAP, BLK, BM, KP>::kThreads, 1)
   const int tile_step = gridDim.x;
 
   if (threadIdx.x == 0) {
-    init_stage_barriers<S, 1, 4 * C::kReleasers>(&tma_a, &tma_b, full, empty);
+    init_stage_barriers<S, 1, 4 * C::kConsumers>(&tma_a, &tma_b, full, empty);
     if constexpr (BLK) tma_prefetch_desc(&ep.tma_sa);
     // PDL: the weight's first k-blocks into L2 while the previous kernel finishes (here, before
     // setmaxnreg: in the producer's 40 registers the tile arithmetic spilled, nvcc 13.0)
@@ -126,7 +124,7 @@ __global__ void __launch_bounds__(TileCfg<BN, SWAP, BLK, BM, KP>::kThreads, 1)
       split_tile<SPLIT>(t, ep, num_kb, tile, split, kb0, nkb);
       tile_coords(tile, num_m, ep, mb, nb);
       const int lr0 = warp * 16 + lane / 4;  // local row inside the warpgroup's 64 rows
-      const int tile_row0 = mb * BM + (KP ? 0 : cw * 64);
+      const int tile_row0 = mb * BM + cw * 64;
       const int row0 = tile_row0 + lr0;
       const int col_base = nb * BN;
       EpiPrefetch<BN> pf;
@@ -148,38 +146,7 @@ __global__ void __launch_bounds__(TileCfg<BN, SWAP, BLK, BM, KP>::kThreads, 1)
         }
         else return Pro{};
       }();
-      if constexpr (KP) {
-        // k-pair: this warpgroup's k-blocks are the tile's cw, cw + 2, ...; the stage ring is walked by both
-        // in lockstep (each skips the other's stages) and stands nkb stages on after the tile
-        const int s0 = stage;
-        const uint32_t p0 = phase;
-        if (cw == 1 && ++stage == S) {
-          stage = 0;
-          phase ^= 1;
-        }
-        const int own = (nkb - cw + 1) / 2;
-        if (own > 0) {
-          mainloop_double<BN, FA, FB, S, C::kStageA, C::kStageB, 2>(
-              fin, sA, sB, full, empty, stage, phase, own, lane,
-              [&]() { if (cw == 0) epi_prefetch<BN, SWAP>(pf, ep, row0, col_base, tid); }, pro);
-        }
-        stage = (s0 + nkb) % S;
-        phase = p0 ^ (static_cast<uint32_t>((s0 + nkb) / S) & 1u);
-        // the second warpgroup's sums to the first (fixed order: even k-blocks + odd ones), which runs the
-        // epilogue; barrier 3: the sums written, barrier 4: read (the buffer free for the next tile)
-        float* xf = L.xfer;
-        if (cw == 1) {
-#pragma unroll
-          for (int i = 0; i < BN / 2; ++i) xf[i * 128 + tid] = fin[i];
-          named_bar_arrive(3, 256);
-          named_bar_sync(4, 256);
-          continue;
-        }
-        named_bar_sync(3, 256);
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) fin[i] += xf[i * 128 + tid];
-        named_bar_arrive(4, 256);
-      } else if constexpr (DBL) {
+      if constexpr (DBL) {
         static_assert(NACC == 1, "DBL keeps one accumulator per k-block");
         mainloop_double<BN, FA, FB, S, C::kStageA, C::kStageB>(
             fin, sA + cw * 64 * kBK, sB, full, empty, stage, phase, nkb, lane,

@@ -25,10 +25,10 @@ struct LaunchArgs {
 };
 
 template <int BN, bool SWAP, int NACC, int FA, int FB, bool DBL = false, bool SPLIT = false, bool BLK = false,
-          int BM = kBM, bool KP = false>
+          int BM = kBM>
 const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
-  using C = TileCfg<BN, SWAP, BLK, BM, KP>;
-  auto kernel = &fp8_gemm_sm90_kernel<BN, SWAP, NACC, FA, FB, DBL, SPLIT, BLK, BM, KP>;
+  using C = TileCfg<BN, SWAP, BLK, BM>;
+  auto kernel = &fp8_gemm_sm90_kernel<BN, SWAP, NACC, FA, FB, DBL, SPLIT, BLK, BM>;
   // Once per instance and device (not on every launch: later calls, CUDA graph capture included, see
   // only the launch).
   static std::atomic<uint64_t> done_mask{0};
@@ -51,9 +51,8 @@ const char* launch_one(const LaunchArgs& la, cudaStream_t stream) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
     if (e != cudaSuccess) return cudaGetErrorString(e);
     if (const char* v = getenv("FP8_LINEAR_SM90_VERBOSE"); v != nullptr && v[0] == '1') {
-      fprintf(stderr, "fp8_linear sm90: BM=%d BN=%d swap=%d nacc=%d dbl=%d split=%d blk=%d kpair=%d stages=%d smem=%d: "
-              "grid up to %d CTAs\n", BM, BN, int(SWAP), NACC, int(DBL), int(SPLIT), int(BLK), int(KP), C::kStages,
-              C::kSmem, la.num_sms);
+      fprintf(stderr, "fp8_linear sm90: BM=%d BN=%d swap=%d nacc=%d dbl=%d split=%d blk=%d stages=%d smem=%d: grid up to %d CTAs\n",
+              BM, BN, int(SWAP), NACC, int(DBL), int(SPLIT), int(BLK), C::kStages, C::kSmem, la.num_sms);
     }
     done_mask.fetch_or(bit, std::memory_order_acq_rel);
   }

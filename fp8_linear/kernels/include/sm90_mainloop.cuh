@@ -100,21 +100,16 @@ struct StagesPerTile<Pro, std::void_t<decltype(Pro::kStagesPerTile)>> : std::boo
 // pro: the promotion (PlainPromote or BlkPromote); f0 / f1: the factors of a0's / a1's k-block, loaded
 // from its stage right after its full barrier, before its wgmmas are issued (when Pro stages per-tile
 // data: the tile's first k-block's after its issue, pro.tile_start and after_first).
-// STEP: stages from one of this warpgroup's k-blocks to its next (2 on the k-pair tiles, where the other
-// consumer warpgroup takes every other k-block: sm90_gemm.cuh KP); num_kb counts this warpgroup's k-blocks.
-template <int BN, int FA, int FB, int S, int kStageA, int kStageB, int STEP = 1, class AfterFirst, class Pro>
+template <int BN, int FA, int FB, int S, int kStageA, int kStageB, class AfterFirst, class Pro>
 __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint8_t* sA, const uint8_t* sB,
                                                 uint64_t* full, uint64_t* empty, int& stage, uint32_t& phase,
                                                 int num_kb, int lane, AfterFirst&& after_first, const Pro& pro) {
   float a0[1][BN / 2], a1[1][BN / 2];
   typename Pro::Factors f0, f1;
   auto advance = [&]() {
-#pragma unroll
-    for (int i = 0; i < STEP; ++i) {
-      if (++stage == S) {
-        stage = 0;
-        phase ^= 1;
-      }
+    if (++stage == S) {
+      stage = 0;
+      phase ^= 1;
     }
   };
   mbar_wait(&full[stage], phase);

@@ -93,11 +93,6 @@ __device__ __forceinline__ void stmatrix_x4_trans(void* dst, uint32_t r0, uint32
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
-// Arrive on named barrier `id` (of `count` threads) without waiting: this thread's earlier shared-memory
-// writes are visible to the threads that complete the barrier with bar.sync.
-__device__ __forceinline__ void named_bar_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
 
 
 // ---------------------------------------------------------------- registers

@@ -103,16 +103,10 @@ constexpr int blk_weight_rows() {  // weight blocks one tile's columns cover: 2 
 // an SM has requested (docs/kernel-log.md v30).
 constexpr int kMaxStages128 = 8;
 constexpr int kMaxStages64 = 16;
-// KP (k-pair, BM = 64): two consumer warpgroups on the same 64-row tile, each taking every other k-block
-// into its own FP32 sums; at the tile end the second hands its sums to the first through shared memory
-// (kXfer) and the first runs the epilogue (sm90_gemm.cuh).
-template <int BN, bool SWAP, bool BLK = false, int BM = kBM, bool KP = false>
+template <int BN, bool SWAP, bool BLK = false, int BM = kBM>
 struct TileCfg {
   static_assert(BM == kBM || (BM == 64 && SWAP), "64-row tiles: the swapped decode tiles");
-  static_assert(!KP || (BM == 64 && !BLK), "k-pair tiles: 64 rows, per-tensor / per-row scales");
-  static constexpr int kConsumers = KP ? 2 : BM / 64;  // consumer warpgroups (64 rows each, or a k-pair)
-  static constexpr int kReleasers = KP ? 1 : kConsumers;  // warpgroups that read (and release) each stage
-  static constexpr int kXfer = KP ? 64 * BN * 4 : 0;  // bytes: the second warpgroup's sums
+  static constexpr int kConsumers = BM / 64;           // consumer warpgroups, 64 rows each
   static constexpr int kThreads = 128 * (1 + kConsumers);  // + the producer warpgroup
   static constexpr int kStageA = BM * kBK;
   static constexpr int kStageB = BN * kBK;
@@ -125,10 +119,10 @@ struct TileCfg {
                                                             : 2 * (64 * staged_cols<BN>() * 2 + strip_bytes<BN>());
   static constexpr int kVec = 2 * 2 * BN * 4;                // per consumer WG: column scale + column bias
   static constexpr int kBarBytes = 2 * 8 * 16;  // full + empty mbarriers of up to 16 stages
-  static constexpr int kStagesFit = (kSmemLimit - kCTile - kVec - kBarBytes - kWFac - kXfer) / (kStage + kScaleSlot);
+  static constexpr int kStagesFit = (kSmemLimit - kCTile - kVec - kBarBytes - kWFac) / (kStage + kScaleSlot);
   static constexpr int kMaxStages = BM == kBM ? kMaxStages128 : kMaxStages64;
   static constexpr int kStages = kStagesFit > kMaxStages ? kMaxStages : kStagesFit;
-  static constexpr int kSmem = kStages * (kStage + kScaleSlot) + kCTile + kVec + kBarBytes + kWFac + kXfer;
+  static constexpr int kSmem = kStages * (kStage + kScaleSlot) + kCTile + kVec + kBarBytes + kWFac;
   static_assert(kStages >= 4, "too few stages");
   static_assert(kStages <= 16, "kBarBytes holds the barriers of 16 stages");
   static_assert((kStages * kStage + kCTile + kVec + kBarBytes) % 128 == 0 && kScaleSlot % 128 == 0,
@@ -193,7 +187,7 @@ __device__ __forceinline__ void split_tile(int t, const EpiParams& ep, int num_k
 // B (BN x 128) tiles, the consumer warpgroups' output staging (kCTile) and column vectors (kVec),
 // then the S full and S empty mbarriers (kBarBytes), then (BLK) the S scale slots and the consumer
 // warpgroups' weight-factor buffers (kWFac).
-template <int BN, bool SWAP, bool BLK = false, int BM = kBM, bool KP = false>
+template <int BN, bool SWAP, bool BLK = false, int BM = kBM>
 struct SmemLayout {
   uint8_t* sA;
   uint8_t* sB;
@@ -203,9 +197,8 @@ struct SmemLayout {
   uint64_t* empty;
   float* scales;  // BLK: S slots of kScaleSlotFloats
   float* wfac;    // BLK: per consumer warpgroup 2 buffers of blk_weight_rows x kWFacCap floats
-  float* xfer;    // KP: the second consumer warpgroup's sums of a tile (BN / 2 floats a thread)
   __device__ __forceinline__ explicit SmemLayout(uint8_t* smem) {
-    using C = TileCfg<BN, SWAP, BLK, BM, KP>;
+    using C = TileCfg<BN, SWAP, BLK, BM>;
     sA = smem;
     sB = smem + C::kStages * C::kStageA;
     sC = sB + C::kStages * C::kStageB;
@@ -214,7 +207,6 @@ struct SmemLayout {
     empty = full + C::kStages;
     scales = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(full) + C::kBarBytes);
     wfac = scales + (BLK ? C::kStages * kScaleSlotFloats : 0);
-    xfer = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(wfac) + C::kWFac);
   }
 };
 

@@ -30,11 +30,11 @@ def _b(v: bool) -> str:
 
 
 def _instance(c, split: bool, blk: bool) -> str:
-    """``launch_one<...>`` of config ``c`` (template arguments past DBL only where set: SPLIT, BLK, BM where
-    the tile has 64 rows, KP on the k-pair tiles)."""
+    """``launch_one<...>`` of config ``c`` (template arguments past DBL only where set: SPLIT, BLK, and BM
+    where the tile has 64 rows)."""
     args = [str(c.block_n), _b(c.swap_ab), str(c.n_acc), "FA", "FB", _b(c.double_acc)]
-    tail = [_b(split), _b(blk), str(c.block_m), _b(c.k_pair)]
-    defaults = ["false", "false", "128", "false"]
+    tail = [_b(split), _b(blk), str(c.block_m)]
+    defaults = ["false", "false", "128"]
     while tail and tail[-1] == defaults[len(tail) - 1]:
         tail.pop()
     return f"launch_one<{', '.join(args + tail)}>(la, stream)"
