@@ -17,7 +17,10 @@ gate/up projections fused into one GEMM each (``fp8_linear.fuse_projections``; r
 Per path and model:
 
 - prefill tokens/s: one forward of ``[1, --prefill]`` tokens with ``logits_to_keep=1`` as ``generate``
-  runs it (CUDA events, median of ``--reps``);
+  runs it (CUDA events, median of ``--reps``), split as the compiled decode step is (below) into the
+  decoder's linear layers at M = ``--prefill`` and the rest (attention, norms, rotary, host launches of the
+  eager forward), with the speed-up the BF16 rest allows (``prefill_ceiling``: BF16's forward over BF16's
+  rest plus the path's linear layers);
 - decode at each ``--batches`` size: greedy ``generate`` of ``--new-tokens`` tokens after a
   ``--prompt``-token prompt, eager (dynamic cache) and compiled static cache (``cache_implementation=
   "static"``: transformers compiles the decode step, CUDA graphs; eager only at ``--eager-batches``). A
@@ -296,15 +299,39 @@ def measure_batch(model, batch: int, args, clock: Budget | None, eager: bool, ca
 
 def path_facts(model, label: str, kind: str, args, device) -> dict:
     """The row's batch-independent facts: backends, weight memory, linear calls a forward launches, and
-    prefill tokens/s (one ``[1, --prefill]`` forward with ``logits_to_keep=1``, median of ``--reps``)."""
+    prefill tokens/s (one ``[1, --prefill]`` forward with ``logits_to_keep=1``, median of ``--reps``) with
+    the forward's split into the decoder's linear layers at M = ``--prefill`` (``prefill_linear_ms``:
+    :func:`linear_step_ms`) and the rest (``prefill_rest_ms``). The split's inputs (one ``[--prefill, K]``
+    activation per layer) are not the path's memory: the peak counter restarts after it."""
     lin = list(decoder_linears(model).values())
     backends = sorted({m.backend for m in lin if isinstance(m, FP8Linear)}) or [kind]
+    calls = launched_layers(lin)
     row = dict(path=label, backends=backends, weight_gb=weight_bytes([model]) / 1e9,
-               linear_weight_gb=weight_bytes(lin) / 1e9, linear_calls=len(launched_layers(lin)), decode={})
+               linear_weight_gb=weight_bytes(lin) / 1e9, linear_calls=len(calls), decode={})
+    try:
+        row["prefill_linear_ms"] = linear_step_ms(calls, args.prefill, device)
+    except Exception as e:  # noqa: BLE001 - e.g. layers that cannot be captured in a CUDA graph
+        row["prefill_linear_ms"], row["prefill_linear_error"] = None, error_text(e)
+    if is_cuda(device):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     ids = torch.randint(0, model.config.vocab_size, (1, args.prefill), device=device)
     with torch.inference_mode():
-        row["prefill_tok_s"] = args.prefill / cuda_ms(lambda: model(ids, logits_to_keep=1), max(1, args.reps), device) * 1e3
+        prefill_ms = cuda_ms(lambda: model(ids, logits_to_keep=1), max(1, args.reps), device)
+    row["prefill_tok_s"] = args.prefill / prefill_ms * 1e3
+    row["prefill_ms"] = prefill_ms
+    lin_ms = row["prefill_linear_ms"]
+    row["prefill_rest_ms"] = None if lin_ms is None else prefill_ms - lin_ms
     return row
+
+
+def prefill_ceiling(row: dict, base: dict) -> float | None:
+    """The prefill speed-up over ``base`` (the BF16 row) that ``row``'s linear layers allow with BF16's
+    rest of the forward: BF16's forward ms / (BF16's rest + ``row``'s linear ms); None without the split."""
+    lin, rest, total = row.get("prefill_linear_ms"), base.get("prefill_rest_ms"), base.get("prefill_ms")
+    if not lin or rest is None or not total:
+        return None
+    return total / (rest + lin)
 
 
 def run_phase(model, label: str, row: dict, batches: list[int], args, clock, device, held_bytes: int,
@@ -390,6 +417,24 @@ def print_table(model_name: str, layers: int, prefill: int, rows: list[dict], ba
                      f"  {c.get('same_tokens_rows') or '-':>6}")
         print(line + f" | {r['weight_gb']:>6.2f} ({r['linear_weight_gb']:.2f}) {num(r.get('peak_gb'), 8, 1)}")
     print_skipped_guards(rows, batches, ratio, num)
+    print_prefill_split(rows, prefill, ratio, num)
+
+
+def print_prefill_split(rows: list[dict], prefill: int, ratio, num) -> None:
+    """Per row: the prefill forward's ms split into the linear layers (x BF16's) and the rest, its speed-up,
+    and the speed-up BF16's rest would leave it (:func:`prefill_ceiling`)."""
+    base = rows[0]
+    if base.get("prefill_rest_ms") is None:
+        return
+    print(f"prefill of {prefill} tokens: forward ms = linear layers (x BF16's) + rest; x BF16; the ceiling with"
+          f" BF16's rest")
+    for r in rows:
+        if "error" in r or r.get("prefill_ms") is None:
+            continue
+        ceil = prefill_ceiling(r, base)
+        print(f"  {r['path']:<22} {num(r['prefill_ms'], 7)} = {num(r.get('prefill_linear_ms'), 6)}"
+              f" ({ratio(base.get('prefill_linear_ms'), r.get('prefill_linear_ms'))}) + {num(r.get('prefill_rest_ms'), 6)}"
+              f"  x {ratio(base['prefill_ms'], r['prefill_ms'])}  ceiling {num(ceil, 5)}")
 
 
 def print_skipped_guards(rows: list[dict], batches: list[int], ratio, num) -> None:
