@@ -25,10 +25,11 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import math
 import pathlib
 
 from benchmarks.common.results import RESULTS_DIR
+from benchmarks.common.shapes import gemm_bytes
+from benchmarks.common.timing import geomean
 
 #: The decode set of 2026-12-02 16:14 UTC (H200, kernel v39 + the short-K and rule-5 choices): the
 #: current row of docs/performance.md "GEMM at small M".
@@ -38,18 +39,6 @@ DEFAULT_FILE = RESULTS_DIR / "h200-2026-12-02-decode-set-rule5-shortk.json"
 COPY_TBPS = 4.3
 #: Issue #22's bar at M = 1, 16, 64 and 128: geomean cuBLASLt time / ours.
 BAR_SMALL_M = 1.15
-#: Bytes of an FP8 element and of a bf16 output element.
-FP8_BYTES, OUT_BYTES = 1, 2
-
-
-def hbm_bytes(m: int, n: int, k: int) -> int:
-    """HBM bytes of one ``[m, k] x [n, k]`` FP8 GEMM with a bf16 ``[m, n]`` output, each operand read once."""
-    return FP8_BYTES * (n * k + m * k) + OUT_BYTES * m * n
-
-
-def geomean(values) -> float:
-    values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def bound(rows: list[dict], copy_tbps: float = COPY_TBPS, bar: float = BAR_SMALL_M) -> dict:
@@ -59,7 +48,7 @@ def bound(rows: list[dict], copy_tbps: float = COPY_TBPS, bar: float = BAR_SMALL
     ``bar_needs_of_ideal`` (bar / best_possible: the fraction of t_ideal ours must reach on the geomean),
     ``impossible`` (shapes where cuBLASLt / t_ideal < bar: the bar cannot be met on that shape) and ``shapes``."""
     bw = copy_tbps * 1e12 / 1e6  # bytes per us
-    cells = [(r, hbm_bytes(r["M"], r["N"], r["K"])) for r in rows if "ours" in r["us"] and "cublas_t" in r["us"]]
+    cells = [(r, gemm_bytes(r["M"], r["N"], r["K"])) for r in rows if "ours" in r["us"] and "cublas_t" in r["us"]]
     if not cells:
         raise ValueError("decode_bound: no row has both 'ours' and 'cublas_t' timings")
     floor = min(t - b / bw for r, b in cells for t in (r["us"]["ours"], r["us"]["cublas_t"]))

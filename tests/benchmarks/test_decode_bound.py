@@ -14,16 +14,16 @@ def _rows():
     return json.loads(db.DEFAULT_FILE.read_text())["rows"]
 
 
-def test_hbm_bytes():
+def test_bytes_per_problem():
     # FP8 weight 4096 x 4096 and activation 1 x 4096 once, bf16 output 1 x 4096
-    assert db.hbm_bytes(1, 4096, 4096) == 4096 * 4096 + 4096 + 2 * 4096
+    assert db.gemm_bytes(1, 4096, 4096) == 4096 * 4096 + 4096 + 2 * 4096
 
 
 def test_bound_is_below_every_measured_time():
     rows = _rows()
     res = db.bound(rows)
     bw = db.COPY_TBPS * 1e6  # bytes per us
-    slack = [t - res["floor_us"] - db.hbm_bytes(r["M"], r["N"], r["K"]) / bw
+    slack = [t - res["floor_us"] - db.gemm_bytes(r["M"], r["N"], r["K"]) / bw
              for r in rows for t in (r["us"]["ours"], r["us"]["cublas_t"])]
     assert min(slack) == pytest.approx(0.0, abs=1e-9)  # the floor is some kernel's fixed cost
     assert 0.5 < res["floor_us"] < 5.0  # a launch inside a CUDA graph, not noise
