@@ -50,9 +50,11 @@ def _same(q1: torch.Tensor, q2: torch.Tensor) -> bool:
 
 
 def test_exact_div_is_ieee_fp32_division():
+    """Both quotient forms are torch.div's IEEE fp32 quotient (random operands; the boundary cases below)."""
     a = torch.randn(100_000, dtype=torch.float32) * 1e3
     b = torch.rand(100_000, dtype=torch.float32) + 1e-3
     assert torch.equal(graph_quant.exact_div(a, b), torch.div(a, b))
+    assert torch.equal(graph_quant.scaled_quotient(a, b), torch.div(a, b))
 
 
 @pytest.mark.parametrize("fp8", FORMATS)
@@ -97,7 +99,7 @@ def test_compiled_cpu_matches_eager(fp8):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows,k", [(1, 4096), (16, 14336), (129, 1040)])
 def test_compiled_gpu_matches_our_kernel(fp8, dtype, rows, k):
-    """Inductor's Triton code (fp64 quotient) against the sm90 extension's act_quant (``__fdiv_rn``)."""
+    """Inductor's Triton code (fp64 reciprocal product) against the sm90 extension's act_quant (``__fdiv_rn``)."""
     from fp8_linear.backends import sm90
 
     torch._dynamo.reset()  # one compile per parametrization: stay under dynamo's recompile limit
