@@ -12,9 +12,11 @@ writes FP8 directly. The ops here compute bit for bit what the kernels compute:
   rounded fp32 quotient for every quotient that does not convert to zero in FP8). Inductor's Triton
   code lowers an fp32 ``/`` to an approximate division (``div.full.f32``), and torch's CUDA kernels turn
   division by a scalar into a multiplication by its fp32 reciprocal, so neither is written here. An fp64
-  division a element (``exact_div``, the form before 2026-12-04) gives the same bits at several times the
-  cost: in a per-token reduction kernel at decode sizes one CTA a row runs every division of the row
-  (``python -m benchmarks.traced_quant_bench``; docs/serving.md).
+  division a element (``exact_div``, the form before 2026-12-04) gives the same bits; the two forms timed
+  level inside their producers' kernels at decode sizes (H200, 2026-12-04, ``python -m
+  benchmarks.traced_quant_bench --ms 1,16``: RMSNorm + quantization 4.9 us either way, SiLU-and-multiply +
+  per-token quantization of 14336 values 6.6 / 6.4 us at M = 1), so the fp64 division was not what makes
+  the per-token form cost more than the static one there (the row's amax pass; docs/serving.md).
 - clamp to the format's finite range (NaN passes), then the round-to-nearest-even cast: together
   ``cvt.rn.satfinite``.
 - dynamic per-token scales: the amax of the row's finite values, ``max(amax / fmt_max, MIN_SCALE)``.
