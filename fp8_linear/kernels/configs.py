@@ -30,7 +30,6 @@ class KernelConfig:
     split_k: bool = False  # has split-K kernel instances (select_splits)
     block_scales: bool = False  # has BLK instances: 1x128 / 128x128 scales
     block_m: int = BLOCK_M  # tile rows on the kernel's A side: 128 (two consumer warpgroups) or 64 (one)
-    cluster: int = 1  # CTAs per thread-block cluster on consecutive token tiles, each multicasting 1 / cluster of the weight tile
 
     @property
     def swap_tma_store(self) -> bool:
@@ -62,26 +61,9 @@ CONFIGS: tuple[KernelConfig, ...] = (
     # 64 weight rows x 128 tokens (v39): twice the CTAs of config 7 / 14 at M = 65-256 without split K's
     # fp32 partials, each weight row read by one CTA per 128 tokens
     KernelConfig(20, "swap64x128_2acc", 128, True, 1, True, block_m=64),
-    # v46: the 64-row decode tiles on 2- and 4-CTA clusters over consecutive token tiles of the same weight
-    # rows: each CTA's TMA fetches its own token tile and 1 / cluster of the weight tile, multicast to the
-    # others, so the weight leaves L2 once per cluster, not once per token tile (cuBLASLt at M = 64 on
-    # 3072 x 8192: nvjet_sm90_qqtst_64x32_128x16_4x2, L2 hit rate 16% against config 18's 53%; ncu,
-    # docs/kernel-log.md v46). Forced only until measured (CLUSTER_CONFIGS).
-    KernelConfig(21, "swap64x16_2acc_c2", 16, True, 1, True, block_m=64, cluster=2),
-    KernelConfig(22, "swap64x16_2acc_c4", 16, True, 1, True, block_m=64, cluster=4),
-    KernelConfig(23, "swap64x32_2acc_c2", 32, True, 1, True, block_m=64, cluster=2),
-    KernelConfig(24, "swap64x32_2acc_c4", 32, True, 1, True, block_m=64, cluster=4),
-    KernelConfig(25, "swap64x64_2acc_c2", 64, True, 1, True, block_m=64, cluster=2),
 )
 #: Config by id.
 CONFIG_BY_ID: dict[int, KernelConfig] = {c.id: c for c in CONFIGS}
-#: The clustered decode configs (v46, docs/kernel-log.md): reached only by FP8_LINEAR_SM90_CONFIG or a
-#: benchmark's --configs until measured against their single-CTA twins (no rule gives them yet).
-CLUSTER_CONFIGS: tuple[int, ...] = tuple(c.id for c in CONFIGS if c.cluster > 1)
-#: Each clustered config's single-CTA twin: the same tile and schedule, the same bits.
-CLUSTER_TWIN: dict[int, int] = {c.id: next(t.id for t in CONFIGS if t.cluster == 1 and t.block_m == c.block_m
-                                           and t.block_n == c.block_n and t.swap_ab == c.swap_ab)
-                                for c in CONFIGS if c.cluster > 1}
 
 
 def config(token: int | str) -> KernelConfig:
@@ -307,10 +289,9 @@ BINDING_MAX_SPLITS = 64
 
 
 def tiles(cfg: KernelConfig, m: int, n: int) -> int:
-    """Number of output tiles the persistent grid walks for an ``m x n`` output (on a clustered config, the
-    CTAs its groups of ``cluster`` token tiles take: the last group's missing tiles count)."""
+    """Number of output tiles the persistent grid walks for an ``m x n`` output."""
     rows_a, rows_b = (n, m) if cfg.swap_ab else (m, n)
-    return -(-rows_a // cfg.block_m) * -(-(-(-rows_b // cfg.block_n)) // cfg.cluster) * cfg.cluster
+    return -(-rows_a // cfg.block_m) * -(-rows_b // cfg.block_n)
 
 
 def estimated_cost(cfg: KernelConfig, m: int, n: int, rel_throughput: float, num_sms: int = 132,

@@ -338,33 +338,6 @@ def test_rows64_bitwise_repeatable(cfg):
     check(first, reference(a, b, sa, sb, bias), torch.bfloat16, f"config {cfg}")
 
 
-# --------------------------------------------------------------- the 64-row tiles on clusters (configs 21-25)
-#: Each CTA of a 2- or 4-CTA cluster loads its own token tile and multicasts 1 / cluster of the 64 weight rows
-#: into every CTA of the cluster (sm90_gemm.cuh CL); the wgmmas and the promotion are the single-CTA twin's, so
-#: the bits must be the twin's. M ends inside the last group of token tiles (1, 7, 17, 33, 100, 129: the
-#: group's missing CTAs load no tokens and store nothing, but still multicast their weight share), grids past
-#: the co-resident clusters (N 9000, 20000 with several token groups: several items per cluster, the stage
-#: ring and its phases carried across them), N ending inside a 64-row block (63, 65, 4104), K from one
-#: k-block to 38.
-CLUSTER_SHAPES = [(1, 63, 48), (16, 65, 1040), (7, 129, 4096), (33, 4104, 4864), (64, 9000, 896), (100, 20000, 256),
-                  (128, 4096, 4096), (129, 1000, 1040), (17, 3072, 8192), (64, 3072, 8192)]
-
-
-@pytest.mark.parametrize("cfg", configs.CLUSTER_CONFIGS)
-@pytest.mark.parametrize("m, n, k", CLUSTER_SHAPES)
-def test_cluster_tile_bitwise_equals_single_cta(cfg, m, n, k):
-    i = CLUSTER_SHAPES.index((m, n, k)) + cfg
-    ska, skb = SCALES[i % 4]
-    bias_dtype = [None, torch.bfloat16, torch.float32, torch.float16][(i // 2) % 4]
-    out_dtype = OUTS[i % 3]
-    a, b, sa, sb, bias = make_inputs(m, n, k, *FMTS[(i // 3) % 4], ska, skb, bias_dtype)
-    twin = run_poisoned(a, b, sa, sb, bias, out_dtype, configs.CLUSTER_TWIN[cfg])
-    got = run_poisoned(a, b, sa, sb, bias, out_dtype, cfg)
-    view = torch.int32 if out_dtype == torch.float32 else torch.int16
-    assert torch.equal(got.view(view), twin.view(view)), f"config {cfg} vs {configs.CLUSTER_TWIN[cfg]}: {m}x{n}x{k}"
-    check(got, reference(a, b, sa, sb, bias), out_dtype, f"cluster config {cfg} {m}x{n}x{k}")
-
-
 # --------------------------------------------------------------- split K (few tiles, long K)
 #: Split K in one launch: each split writes its raw fp32 partial to the workspace, the last split of a
 #: tile sums them in split order and runs the epilogue (sm90_epilogue.cuh split_fixup): every config that

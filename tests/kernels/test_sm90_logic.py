@@ -253,12 +253,11 @@ def test_generated_config_header_instances():
         end = launch.index(f"    case {ids[i + 1]}:", start) if i + 1 < len(ids) else launch.index("default:", start)
         case = launch[start:end]
         head = f"launch_one<{c.block_n}, {str(c.swap_ab).lower()}, {c.n_acc}, FA, FB, {str(c.double_acc).lower()}"
-        # SPLIT, BLK, BM, CL: the trailing defaults (false, false, 128, 1) left out
+        # SPLIT, BLK, BM: the trailing defaults (false, false, 128) left out
         tail = {(False, False): "", (True, False): ", true", (False, True): ", false, true",
                 (True, True): ", true, true"}
-        if c.block_m != 128 or c.cluster != 1:
-            cl = f", {c.cluster}" if c.cluster != 1 else ""
-            tail = {(split, blk): f", {str(split).lower()}, {str(blk).lower()}, {c.block_m}{cl}"
+        if c.block_m != 128:
+            tail = {(split, blk): f", {str(split).lower()}, {str(blk).lower()}, {c.block_m}"
                     for split in (False, True) for blk in (False, True)}
         assert f"{head}{tail[False, False]}>(la" in case, case
         assert (f"{head}{tail[True, False]}>(la" in case) == c.split_k, case
@@ -266,7 +265,7 @@ def test_generated_config_header_instances():
         assert (f"{head}{tail.get((True, True), '?')}>(la" in case) == (c.split_k and c.block_scales), case
         b = lambda v: str(v).lower()  # noqa: E731
         assert (f"case {c.id}: info = {{{c.block_n}, {c.block_m}, {b(c.swap_ab)}, {b(c.split_k)}, "
-                f"{b(c.block_scales)}, {c.cluster}, \"{c.name}\"}}") in src
+                f"{b(c.block_scales)}, \"{c.name}\"}}") in src
 
 
 def test_configs_named_and_unique():
@@ -276,24 +275,21 @@ def test_configs_named_and_unique():
     for c in configs.CONFIGS:
         assert configs.config(c.id) is configs.config(str(c.id)) is configs.config(c.name) is c
         assert c.name.startswith(("swap" if c.swap_ab else "tile") + f"{c.block_m}x{c.block_n}")
-        name = c.name.removesuffix(f"_c{c.cluster}") if c.cluster > 1 else c.name
-        assert name != c.name or c.cluster == 1, c.name  # a clustered config says its cluster size
-        assert f"x{c.block_n}" in name and name.endswith(f"_{c.n_acc}acc" if c.n_acc > 1 else
-                                                         "_2acc" if c.double_acc else f"x{c.block_n}")
+        assert f"x{c.block_n}" in c.name and c.name.endswith(f"_{c.n_acc}acc" if c.n_acc > 1 else
+                                                            "_2acc" if c.double_acc else f"x{c.block_n}")
     with pytest.raises(ValueError, match="unknown sm90 kernel config"):
         configs.config(0)
 
 
 def test_every_config_is_selected(monkeypatch):
-    """No config the shape-based choice never gives (those measured slower live in docs/kernel-log.md),
-    except the clustered decode configs while they are measured (configs.CLUSTER_CONFIGS: forced only)."""
+    """No config the shape-based choice never gives (those measured slower live in docs/kernel-log.md)."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     picked = {configs.select_config(m, n, k, swap_ok=sw and not blk, block=blk).id
               for m in (1, 16, 32, 64, 65, 128, 512, 2048, 4096, 8192)
               for n, k in ((4096, 4096), (6144, 4096), (10240, 8192), (28672, 4096), (57344, 8192), (8192, 28672),
                            (6144, 1280))
               for sw in (False, True) for blk in (False, True)}
-    assert picked == {c.id for c in configs.CONFIGS} - set(configs.CLUSTER_CONFIGS)
+    assert picked == {c.id for c in configs.CONFIGS}
 
 
 def test_select_config_env_override(monkeypatch):
@@ -321,22 +317,6 @@ def test_tiles():
     assert configs.tiles(c17, 1, 4096) == 64  # 64-row tiles: twice the CTAs
     assert configs.tiles(c17, 16, 4097) == 65 and configs.tiles(c17, 17, 4096) == 128
     assert configs.tiles(c19, 64, 896) == 14
-    # clustered: the CTAs of whole groups of token tiles (the last group's missing tiles count)
-    c23, c22 = configs.CONFIG_BY_ID[23], configs.CONFIG_BY_ID[22]
-    assert configs.tiles(c23, 64, 3072) == 48 * 2 and configs.tiles(c23, 65, 3072) == 48 * 4
-    assert configs.tiles(c22, 33, 129) == 3 * 4 and configs.tiles(c22, 1, 64) == 4
-
-
-def test_cluster_configs():
-    """The clustered decode configs: each a single-CTA 64-row config (its twin: the same tile width, operand
-    order and schedule) on 2 or 4 CTAs whose weight-tile shares are whole 8-row swizzle atoms; no split K or
-    block scales (the kernel's static_assert); never chosen until measured."""
-    assert configs.CLUSTER_CONFIGS and set(configs.CLUSTER_TWIN) == set(configs.CLUSTER_CONFIGS)
-    for cid, tid in configs.CLUSTER_TWIN.items():
-        c, t = configs.CONFIG_BY_ID[cid], configs.CONFIG_BY_ID[tid]
-        assert c.cluster in (2, 4) and t.cluster == 1 and c.name == f"{t.name}_c{c.cluster}"
-        assert (c.block_m, c.block_n, c.swap_ab, c.n_acc, c.double_acc) == (t.block_m, t.block_n, True, 1, True)
-        assert c.block_m == 64 and c.block_m % (8 * c.cluster) == 0 and not c.split_k and not c.block_scales
 
 
 def test_rows64_twins(monkeypatch):
@@ -347,8 +327,7 @@ def test_rows64_twins(monkeypatch):
     into fewer work items (tiles x splits) than the 64-row grid has."""
     monkeypatch.delenv(configs.ENV_CONFIG, raising=False)
     monkeypatch.delenv(configs.ENV_SPLITS, raising=False)
-    assert set(configs.ROWS64_TWIN.values()) | {configs.ROWS64_WIDE_CONFIG} == {
-        c.id for c in configs.CONFIGS if c.block_m == 64 and c.cluster == 1}
+    assert set(configs.ROWS64_TWIN.values()) | {configs.ROWS64_WIDE_CONFIG} == {c.id for c in configs.CONFIGS if c.block_m == 64}
     for base_id, twin_id in configs.ROWS64_TWIN.items():
         base, twin = configs.CONFIG_BY_ID[base_id], configs.CONFIG_BY_ID[twin_id]
         assert (twin.block_m, base.block_m) == (64, 128)

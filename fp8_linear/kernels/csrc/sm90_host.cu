@@ -262,10 +262,8 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   la.rows_a = swap ? g.N : g.M;
   la.rows_b = swap ? g.M : g.N;
   {  // the tile walk's divisors (tile_coords, split_tile), as in the kernels
-    // column groups: of info.cluster token tiles on the clustered decode configs (sm90_gemm.cuh CL), else
-    // single tiles
     const int num_mp = (la.rows_a + bm - 1) / bm;
-    const int num_n = ((la.rows_b + bn - 1) / bn + info.cluster - 1) / info.cluster;
+    const int num_n = (la.rows_b + bn - 1) / bn;
     const int gm = la.ep.group_m;
     la.ep.div_per_group = make_fast_div(gm * num_n);
     la.ep.div_group = make_fast_div(gm);
@@ -274,8 +272,7 @@ const char* gemm(const GemmArgs& g, cudaStream_t stream) {
   }
   const int fa = swap ? g.fmt_b : g.fmt_a;
   const int fb = swap ? g.fmt_a : g.fmt_b;
-  // clustered configs: each CTA loads (and multicasts) 1 / cluster of the weight tile
-  if (const char* e = make_map(&la.tma_a, ka, la.rows_a, g.K, bm / info.cluster)) return e;
+  if (const char* e = make_map(&la.tma_a, ka, la.rows_a, g.K, bm)) return e;
   if (const char* e = make_map(&la.tma_b, kb, la.rows_b, g.K, bn)) return e;
   const int esize = g.out_kind == 0 ? 4 : 2;
   // TMA stores: the non-swapped configs, and the swapped large-M ones (configs 14, 15) for 16-bit outputs

@@ -10,30 +10,24 @@ struct ConfigInfo {
   bool swap_ab;       // kernel A = the weight, kernel B = the activation
   bool split_k;       // has split-K instances
   bool block_scales;  // has block-scaled (BLK) instances
-  int cluster;        // CTAs per thread-block cluster (the weight tile multicast among them), 1: none
   const char* name;
 };
 
 // The config of id `id` into `info`; false for an id that is not a config.
 inline bool config_info(int id, ConfigInfo& info) {
   switch (id) {
-    case 1: info = {16, 128, true, true, true, 1, "swap128x16_4acc"}; return true;
-    case 2: info = {32, 128, true, true, true, 1, "swap128x32_4acc"}; return true;
-    case 6: info = {192, 128, false, false, true, 1, "tile128x192"}; return true;
-    case 7: info = {128, 128, false, true, true, 1, "tile128x128_2acc"}; return true;
-    case 10: info = {144, 128, false, true, false, 1, "tile128x144_2acc"}; return true;
-    case 14: info = {128, 128, true, false, false, 1, "swap128x128_2acc"}; return true;
-    case 15: info = {144, 128, true, false, false, 1, "swap128x144_2acc"}; return true;
-    case 16: info = {64, 128, true, true, true, 1, "swap128x64_2acc"}; return true;
-    case 17: info = {16, 64, true, true, true, 1, "swap64x16_2acc"}; return true;
-    case 18: info = {32, 64, true, true, true, 1, "swap64x32_2acc"}; return true;
-    case 19: info = {64, 64, true, true, true, 1, "swap64x64_2acc"}; return true;
-    case 20: info = {128, 64, true, false, false, 1, "swap64x128_2acc"}; return true;
-    case 21: info = {16, 64, true, false, false, 2, "swap64x16_2acc_c2"}; return true;
-    case 22: info = {16, 64, true, false, false, 4, "swap64x16_2acc_c4"}; return true;
-    case 23: info = {32, 64, true, false, false, 2, "swap64x32_2acc_c2"}; return true;
-    case 24: info = {32, 64, true, false, false, 4, "swap64x32_2acc_c4"}; return true;
-    case 25: info = {64, 64, true, false, false, 2, "swap64x64_2acc_c2"}; return true;
+    case 1: info = {16, 128, true, true, true, "swap128x16_4acc"}; return true;
+    case 2: info = {32, 128, true, true, true, "swap128x32_4acc"}; return true;
+    case 6: info = {192, 128, false, false, true, "tile128x192"}; return true;
+    case 7: info = {128, 128, false, true, true, "tile128x128_2acc"}; return true;
+    case 10: info = {144, 128, false, true, false, "tile128x144_2acc"}; return true;
+    case 14: info = {128, 128, true, false, false, "swap128x128_2acc"}; return true;
+    case 15: info = {144, 128, true, false, false, "swap128x144_2acc"}; return true;
+    case 16: info = {64, 128, true, true, true, "swap128x64_2acc"}; return true;
+    case 17: info = {16, 64, true, true, true, "swap64x16_2acc"}; return true;
+    case 18: info = {32, 64, true, true, true, "swap64x32_2acc"}; return true;
+    case 19: info = {64, 64, true, true, true, "swap64x64_2acc"}; return true;
+    case 20: info = {128, 64, true, false, false, "swap64x128_2acc"}; return true;
     default: return false;
   }
 }
@@ -90,16 +84,6 @@ const char* launch_config(const LaunchArgs& la, cudaStream_t stream, bool split,
                    : launch_one<64, true, 1, FA, FB, true, false, false, 64>(la, stream);
     case 20:  // swap64x128_2acc
       return launch_one<128, true, 1, FA, FB, true, false, false, 64>(la, stream);
-    case 21:  // swap64x16_2acc_c2
-      return launch_one<16, true, 1, FA, FB, true, false, false, 64, 2>(la, stream);
-    case 22:  // swap64x16_2acc_c4
-      return launch_one<16, true, 1, FA, FB, true, false, false, 64, 4>(la, stream);
-    case 23:  // swap64x32_2acc_c2
-      return launch_one<32, true, 1, FA, FB, true, false, false, 64, 2>(la, stream);
-    case 24:  // swap64x32_2acc_c4
-      return launch_one<32, true, 1, FA, FB, true, false, false, 64, 4>(la, stream);
-    case 25:  // swap64x64_2acc_c2
-      return launch_one<64, true, 1, FA, FB, true, false, false, 64, 2>(la, stream);
     default: return "unknown kernel config";
   }
 }

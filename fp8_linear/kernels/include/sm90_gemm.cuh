@@ -47,22 +47,20 @@ namespace fp8sm90 {
 // The first `n` k-blocks (at most the item's) of the weight tile of work item t into L2: the kernel's A
 // side when SWAP (the weight's rows on wgmma's M side), else its B side; `map` is that side's operand map
 // (box: 128 x BM or 128 x BN). Issued before the PDL wait: it reads only the weight, into L2.
-template <int BN, bool SWAP, bool SPLIT, int BM = kBM, int CL = 1>
+template <int BN, bool SWAP, bool SPLIT, int BM = kBM>
 __device__ __forceinline__ void prefetch_weight_l2(const CUtensorMap* map, int t, int num_tiles, int num_m, int num_kb,
-                                                   const EpiParams& ep, int n, uint32_t rank = 0) {
+                                                   const EpiParams& ep, int n) {
   if (n <= 0 || t >= num_tiles) return;
   int tile, split, kb0, nkb, mb, nb;
   split_tile<SPLIT>(t, ep, num_kb, tile, split, kb0, nkb);
   tile_coords(tile, num_m, ep, mb, nb);
-  // CL > 1: this CTA's share of the weight tile (BM / CL rows), the one it multicasts
-  const int row = SWAP ? mb * BM + static_cast<int>(rank) * (BM / CL) : nb * BN;
+  const int row = SWAP ? mb * BM : nb * BN;
   const int end = kb0 + (n < nkb ? n : nkb);
 #pragma unroll 1
   for (int kb = kb0; kb < end; ++kb) tma_prefetch_l2_2d(map, kb * kBK, row);
 }
 
-template <int BN, bool SWAP, int NACC, int FA, int FB, bool DBL, bool SPLIT = false, bool BLK = false, int BM = kBM,
-          int CL = 1>
+template <int BN, bool SWAP, int NACC, int FA, int FB, bool DBL, bool SPLIT = false, bool BLK = false, int BM = kBM>
 __global__ void __launch_bounds__(TileCfg<BN, SWAP, BLK, BM>::kThreads, 1)
     fp8_gemm_sm90_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                          const __grid_constant__ CUtensorMap tma_out, int rows_a, int rows_b, int K,
@@ -81,44 +79,31 @@ __global__ void __launch_bounds__(TileCfg<BN, SWAP, BLK, BM>::kThreads, 1)
   uint64_t* full = L.full;
   uint64_t* empty = L.empty;
 
-  // CL > 1: clusters of CL CTAs on consecutive token tiles of the same 64 weight rows; each CTA loads its
-  // own token tile and multicasts 1 / CL of the weight tile to all (producer_loop), so the weight leaves L2
-  // once per cluster instead of once per token tile (cuBLASLt's decode kernels at M > its tile width, e.g.
-  // nvjet_sm90_qqtst_64x32_128x16_4x2). Work item = a weight row block x a group of CL token tiles (the last
-  // group may hold fewer: its missing CTAs load no tokens and store nothing but still multicast their
-  // weight share).
-  static_assert(CL == 1 || (SWAP && BM == 64 && !SPLIT && !BLK && C::kConsumers == 1),
-                "clusters: the unsplit 64-row decode tiles with per-tensor / per-row scales");
-  static_assert(BM % (8 * CL) == 0, "each CTA's share of the weight tile: whole 8-row swizzle atoms");
   const int num_m = (rows_a + BM - 1) / BM;
   const int num_n = (rows_b + BN - 1) / BN;
-  const int num_nc = (num_n + CL - 1) / CL;  // groups of CL token tiles (num_n when CL = 1)
   const int num_kb = (K + kBK - 1) / kBK;
-  const int num_tiles = num_m * num_nc * (SPLIT ? ep.splits : 1);  // work items: tiles x K splits
+  const int num_tiles = num_m * num_n * (SPLIT ? ep.splits : 1);  // work items: tiles x K splits
   const int wg = threadIdx.x / 128;
-  const uint32_t rank = CL > 1 ? cluster_ctarank() : 0;
-  const int first_tile = blockIdx.x / CL;
-  const int tile_step = gridDim.x / CL;
+  const int first_tile = blockIdx.x;
+  const int tile_step = gridDim.x;
 
   if (threadIdx.x == 0) {
-    init_stage_barriers<S, 1, 4 * C::kConsumers * CL>(&tma_a, &tma_b, full, empty);
+    init_stage_barriers<S, 1, 4 * C::kConsumers>(&tma_a, &tma_b, full, empty);
     if constexpr (BLK) tma_prefetch_desc(&ep.tma_sa);
     // PDL: the weight's first k-blocks into L2 while the previous kernel finishes (here, before
     // setmaxnreg: in the producer's 40 registers the tile arithmetic spilled, nvcc 13.0)
-    prefetch_weight_l2<BN, SWAP, SPLIT, BM, CL>(SWAP ? &tma_a : &tma_b, first_tile, num_tiles, num_m, num_kb, ep,
-                                                prefetch_kb, rank);
+    prefetch_weight_l2<BN, SWAP, SPLIT, BM>(SWAP ? &tma_a : &tma_b, first_tile, num_tiles, num_m, num_kb, ep,
+                                            prefetch_kb);
   }
-  if constexpr (CL > 1) cluster_sync();  // every peer's barriers initialised before any multicast into it
-  else __syncthreads();
+  __syncthreads();
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer
     if constexpr (kRegSplit) setmaxnreg_dec<RegSplit<BN, DBL>::kProducer>();
     if (threadIdx.x == 0) {
       fp8pdl::pdl_wait();  // the activation, its scales: the previous kernel's output
-      producer_loop<BN, S, C::kStageA, C::kStageB, C::kStage, SPLIT, SWAP, BLK, BM, CL>(
-          &tma_a, &tma_b, sA, sB, full, empty, first_tile, num_tiles, tile_step, num_m, num_kb, ep, L.scales, rows_b,
-          rank);
+      producer_loop<BN, S, C::kStageA, C::kStageB, C::kStage, SPLIT, SWAP, BLK, BM>(
+          &tma_a, &tma_b, sA, sB, full, empty, first_tile, num_tiles, tile_step, num_m, num_kb, ep, L.scales);
       fp8pdl::pdl_launch_dependents();  // every load issued: the next kernel may start its prologue
     }
   } else {
@@ -138,7 +123,6 @@ __global__ void __launch_bounds__(TileCfg<BN, SWAP, BLK, BM>::kThreads, 1)
       int tile, split, kb0, nkb, mb, nb;
       split_tile<SPLIT>(t, ep, num_kb, tile, split, kb0, nkb);
       tile_coords(tile, num_m, ep, mb, nb);
-      nb = nb * CL + static_cast<int>(rank);  // CL > 1: this CTA's token tile of the group
       const int lr0 = warp * 16 + lane / 4;  // local row inside the warpgroup's 64 rows
       const int tile_row0 = mb * BM + cw * 64;
       const int row0 = tile_row0 + lr0;
@@ -164,7 +148,7 @@ __global__ void __launch_bounds__(TileCfg<BN, SWAP, BLK, BM>::kThreads, 1)
       }();
       if constexpr (DBL) {
         static_assert(NACC == 1, "DBL keeps one accumulator per k-block");
-        mainloop_double<BN, FA, FB, S, C::kStageA, C::kStageB, CL>(
+        mainloop_double<BN, FA, FB, S, C::kStageA, C::kStageB>(
             fin, sA + cw * 64 * kBK, sB, full, empty, stage, phase, nkb, lane,
             [&]() { epi_prefetch<BN, SWAP>(pf, ep, row0, col_base, tid); }, pro);
       } else {
@@ -183,7 +167,7 @@ __global__ void __launch_bounds__(TileCfg<BN, SWAP, BLK, BM>::kThreads, 1)
           }
           wgmma_wait<0>();
           pro.before_release();
-          release_stage<CL>(empty, stage, lane);
+          release_stage(empty, stage, lane);
           pro.promote(fin, acc, f);  // FP32 promotion every 128 / NACC of K
           if (++stage == S) {
             stage = 0;
@@ -202,8 +186,6 @@ __global__ void __launch_bounds__(TileCfg<BN, SWAP, BLK, BM>::kThreads, 1)
     }
     if ((!SWAP || swap_tma_store<BN, SWAP>()) && tid == 0) bulk_wait0();
   }
-  // no CTA leaves while a peer may still multicast into its stages or arrive on its barriers
-  if constexpr (CL > 1) cluster_sync();
 #endif
 }
 

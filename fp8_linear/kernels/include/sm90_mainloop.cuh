@@ -34,15 +34,9 @@ __device__ __forceinline__ void issue_kblock(float (&acc)[NACC][BN / 2], const u
   wgmma_commit();
 }
 
-// Arrive on the empty barrier of stage `s` once per warp (lane 0); on CL-CTA clusters on that of every CTA
-// of the cluster (each multicasts its share of the weight tile into this stage): lane r on CTA r's.
-template <int CL = 1>
+// Arrive on the empty barrier of stage `s` once per warp (lane 0).
 __device__ __forceinline__ void release_stage(uint64_t* empty, int s, int lane) {
-  if constexpr (CL == 1) {
-    if (lane == 0) mbar_arrive(&empty[s]);
-  } else {
-    if (lane < CL) mbar_arrive_cluster(&empty[s], lane);
-  }
+  if (lane == 0) mbar_arrive(&empty[s]);
 }
 
 // FP32 promotion: fin += the k-block's partial sums (NACC accumulators).
@@ -106,7 +100,7 @@ struct StagesPerTile<Pro, std::void_t<decltype(Pro::kStagesPerTile)>> : std::boo
 // pro: the promotion (PlainPromote or BlkPromote); f0 / f1: the factors of a0's / a1's k-block, loaded
 // from its stage right after its full barrier, before its wgmmas are issued (when Pro stages per-tile
 // data: the tile's first k-block's after its issue, pro.tile_start and after_first).
-template <int BN, int FA, int FB, int S, int kStageA, int kStageB, int CL = 1, class AfterFirst, class Pro>
+template <int BN, int FA, int FB, int S, int kStageA, int kStageB, class AfterFirst, class Pro>
 __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint8_t* sA, const uint8_t* sB,
                                                 uint64_t* full, uint64_t* empty, int& stage, uint32_t& phase,
                                                 int num_kb, int lane, AfterFirst&& after_first, const Pro& pro) {
@@ -130,7 +124,7 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
     if (kb == num_kb) {
       wgmma_wait<0>();
       pro.before_release();
-      release_stage<CL>(empty, prev, lane);
+      release_stage(empty, prev, lane);
       pro.promote(fin, a0, f0);
       break;
     }
@@ -139,14 +133,14 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
     issue_kblock<BN, 1, FA, FB>(a1, sA + stage * kStageA, sB + stage * kStageB);
     wgmma_wait<1>();
     pro.before_release();
-    release_stage<CL>(empty, prev, lane);
+    release_stage(empty, prev, lane);
     pro.promote(fin, a0, f0);
     prev = stage;
     advance();
     if (++kb == num_kb) {
       wgmma_wait<0>();
       pro.before_release();
-      release_stage<CL>(empty, prev, lane);
+      release_stage(empty, prev, lane);
       pro.promote(fin, a1, f1);
       break;
     }
@@ -155,7 +149,7 @@ __device__ __forceinline__ void mainloop_double(float (&fin)[BN / 2], const uint
     issue_kblock<BN, 1, FA, FB>(a0, sA + stage * kStageA, sB + stage * kStageB);
     wgmma_wait<1>();
     pro.before_release();
-    release_stage<CL>(empty, prev, lane);
+    release_stage(empty, prev, lane);
     pro.promote(fin, a1, f1);
     prev = stage;
     advance();
@@ -184,18 +178,12 @@ __device__ __forceinline__ void init_stage_barriers(const CUtensorMap* tma_a, co
 // The producer thread: for every tile of this CTA, every k-block: wait until the stage is empty, then
 // load A (BM rows) and B (BN rows) into it, completing on full[] (BLK: and the k-block's activation
 // factors into the stage's slot of `slots`).
-// CL > 1 (the decode tiles on clusters, sm90_gemm.cuh): work item t is a weight row block x a group of CL
-// token tiles; this CTA (cluster rank `rank`) loads its own token tile (none when it lies past the tokens:
-// the last group's missing tiles, whose results nobody stores; `num_rows` = the kernel's rows_b) and
-// multicasts rows [rank, rank + 1) x BM / CL of the weight tile into every CTA of the cluster; each CTA's
-// full barrier then counts the whole A tile and its own B bytes.
 template <int BN, int S, int kStageA, int kStageB, int kStage, bool SPLIT = false, bool SWAP = false, bool BLK = false,
-          int BM = kBM, int CL = 1>
+          int BM = kBM>
 __device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CUtensorMap* tma_b, uint8_t* sA,
                                               uint8_t* sB, uint64_t* full, uint64_t* empty, int first_tile,
                                               int num_tiles, int tile_step, int num_m, int num_kb,
-                                              const EpiParams& ep, float* slots = nullptr, int num_rows = 0,
-                                              uint32_t rank = 0) {
+                                              const EpiParams& ep, float* slots = nullptr) {
   constexpr uint32_t kBytes = kStage + (BLK ? scale_box_bytes<BN, SWAP>() : 0);
   int stage = 0;
   uint32_t phase = 0;
@@ -203,19 +191,11 @@ __device__ __forceinline__ void producer_loop(const CUtensorMap* tma_a, const CU
     int tile, split, kb0, nkb, mb, nb;
     split_tile<SPLIT>(t, ep, num_kb, tile, split, kb0, nkb);
     tile_coords(tile, num_m, ep, mb, nb);
-    nb = nb * CL + static_cast<int>(rank);
-    const bool own_b = CL == 1 || nb * BN < num_rows;
     for (int kb = kb0; kb < kb0 + nkb; ++kb) {
       mbar_wait(&empty[stage], phase ^ 1);
-      mbar_arrive_expect_tx(&full[stage], own_b ? kBytes : kBytes - kStageB);  // OOB parts are zero-filled and still counted
-      if constexpr (CL == 1) {
-        tma_load_2d(sA + stage * kStageA, tma_a, &full[stage], kb * kBK, mb * BM);
-      } else {
-        constexpr int kShare = BM / CL;
-        tma_load_2d_mc(sA + stage * kStageA + rank * kShare * kBK, tma_a, &full[stage], kb * kBK,
-                       mb * BM + static_cast<int>(rank) * kShare, static_cast<uint16_t>((1u << CL) - 1));
-      }
-      if (own_b) tma_load_2d(sB + stage * kStageB, tma_b, &full[stage], kb * kBK, nb * BN);
+      mbar_arrive_expect_tx(&full[stage], kBytes);  // OOB parts are zero-filled and still counted
+      tma_load_2d(sA + stage * kStageA, tma_a, &full[stage], kb * kBK, mb * BM);
+      tma_load_2d(sB + stage * kStageB, tma_b, &full[stage], kb * kBK, nb * BN);
       if constexpr (BLK) load_scale_slot<BN, SWAP>(slots + stage * kScaleSlotFloats, ep, &full[stage], kb,
                                                    SWAP ? nb * BN : mb * kBM);
       if (++stage == S) {

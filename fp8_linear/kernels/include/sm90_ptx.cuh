@@ -95,39 +95,6 @@ __device__ __forceinline__ void named_bar_sync(int id, int count) {
 }
 
 
-
-// ---------------------------------------------------------------- thread-block clusters
-// (the decode tiles on CL-CTA clusters: sm90_gemm.cuh, each CTA multicasts its share of the weight tile)
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-// Every thread of every CTA in the cluster arrives and waits (release / acquire); also a CTA barrier.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-}
-// Arrive on the mbarrier at the same shared-memory offset in CTA `cta` of this cluster (`cta` may be this
-// CTA). Default semantics (release at CTA scope), as CUTLASS's ClusterBarrier::arrive: an explicit
-// `.release.cluster` compiles to MEMBAR.ALL.GPU before every arrival (docs/kernel-log.md v6). What the
-// arrival publishes is only "this warp's wgmmas have finished reading the stage" (wgmma.wait_group
-// retired them), which orders no generic-proxy memory operation.
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta));
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-}
-// 2-D tile load multicast to the CTAs of `mask`: the same shared-memory offset and mbarrier offset in each,
-// whose barrier counts the bytes.
-__device__ __forceinline__ void tma_load_2d_mc(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y,
-                                               uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%3, %4}], [%2], %5;"
-      ::"r"(smem_u32(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(x), "r"(y), "h"(mask)
-      : "memory");
-}
-
 // ---------------------------------------------------------------- registers
 template <uint32_t N>
 __device__ __forceinline__ void setmaxnreg_inc() {

@@ -30,11 +30,11 @@ def _b(v: bool) -> str:
 
 
 def _instance(c, split: bool, blk: bool) -> str:
-    """``launch_one<...>`` of config ``c`` (template arguments past DBL only where set: SPLIT, BLK, BM
-    where the tile has 64 rows, CL where it runs on clusters)."""
+    """``launch_one<...>`` of config ``c`` (template arguments past DBL only where set: SPLIT, BLK, and BM
+    where the tile has 64 rows)."""
     args = [str(c.block_n), _b(c.swap_ab), str(c.n_acc), "FA", "FB", _b(c.double_acc)]
-    tail = [_b(split), _b(blk), str(c.block_m), str(c.cluster)]
-    defaults = ["false", "false", "128", "1"]
+    tail = [_b(split), _b(blk), str(c.block_m)]
+    defaults = ["false", "false", "128"]
     while tail and tail[-1] == defaults[len(tail) - 1]:
         tail.pop()
     return f"launch_one<{', '.join(args + tail)}>(la, stream)"
@@ -65,7 +65,6 @@ def render() -> str:
         "  bool swap_ab;       // kernel A = the weight, kernel B = the activation\n",
         "  bool split_k;       // has split-K instances\n",
         "  bool block_scales;  // has block-scaled (BLK) instances\n",
-        "  int cluster;        // CTAs per thread-block cluster (the weight tile multicast among them), 1: none\n",
         "  const char* name;\n",
         "};\n\n",
         "// The config of id `id` into `info`; false for an id that is not a config.\n",
@@ -73,7 +72,7 @@ def render() -> str:
     ]
     for c in cfgs:
         parts.append(f"    case {c.id}: info = {{{c.block_n}, {c.block_m}, {_b(c.swap_ab)}, {_b(c.split_k)}, "
-                     f"{_b(c.block_scales)}, {c.cluster}, \"{c.name}\"}}; return true;\n")
+                     f"{_b(c.block_scales)}, \"{c.name}\"}}; return true;\n")
     parts += ["    default: return false;\n  }\n}\n\n",
               "// The instance of config la.config for split K (`split`, only where the config splits) and block\n",
               "// scales (`blk`, only where it has them); the host checks both before.\n",
