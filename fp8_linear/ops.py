@@ -23,7 +23,7 @@ round trip: at decode sizes that is most of a layer's host time) and the registe
 ``torch.compile`` traces; both run the same code, so compiled outputs are bitwise the eager ones.
 The exception is the static and per-token activation quantization, which is traced as torch ops
 (:mod:`fp8_linear.graph_quant`) so that inductor fuses it into the kernel that produces the
-activation; those ops compute the kernels' bits (IEEE division through an fp64 quotient).
+activation; those ops compute the kernels' bits (the IEEE fp32 quotient through an fp64 reciprocal product).
 """
 
 from __future__ import annotations
