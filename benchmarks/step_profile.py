@@ -68,6 +68,24 @@ def category(name: str) -> str:
     return first_match(name, CATEGORIES)
 
 
+def kernel_totals(prof, reps: int = 1) -> tuple[dict, dict, list]:
+    """A profiler's GPU kernels summed per call of ``reps``: ``({category: {count, us}}, {kernel name: us},
+    [(start, end) of every kernel]``; categories by :func:`category`)."""
+    cats: dict[str, dict] = {}
+    names: dict[str, float] = {}
+    intervals = []
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        dur = e.time_range.end - e.time_range.start
+        c = cats.setdefault(category(e.name), dict(count=0, us=0.0))
+        c["count"] += 1 / reps if reps > 1 else 1
+        c["us"] += dur / reps
+        names[e.name] = names.get(e.name, 0.0) + dur / reps
+        intervals.append((e.time_range.start, e.time_range.end))
+    return cats, names, intervals
+
+
 def profile_generate(model, ids: torch.Tensor, new: int, max_new: int, trace: pathlib.Path | None = None) -> dict:
     """One greedy compiled static-cache ``generate`` (cache sized for ``max_new`` tokens) stopped after
     ``new`` tokens, under the profiler: kernel counts and GPU us by category, GPU us by kernel name,
@@ -83,17 +101,7 @@ def profile_generate(model, ids: torch.Tensor, new: int, max_new: int, trace: pa
             timed_generate(model, ids, max_new, kw)
             sync(ids.device)
             wall_us = (time.perf_counter() - t0) * 1e6
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    cats: dict[str, dict] = {}
-    names: dict[str, float] = {}
-    intervals = []
-    for e in kernels:
-        dur = e.time_range.end - e.time_range.start
-        c = cats.setdefault(category(e.name), dict(count=0, us=0.0))
-        c["count"] += 1
-        c["us"] += dur
-        names[e.name] = names.get(e.name, 0.0) + dur
-        intervals.append((e.time_range.start, e.time_range.end))
+    cats, names, intervals = kernel_totals(prof)
     span = (max(e for _, e in intervals) - min(s for s, _ in intervals)) if intervals else 0.0
     if trace is not None:
         prof.export_chrome_trace(str(trace))

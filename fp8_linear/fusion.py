@@ -48,9 +48,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from . import settings
+from .backends.base import SCALE_BLOCK, quantize_activation
 from .errors import FP8LinearError
 from .formats import GROUP_SIZE
-from .module import FP8Linear
+from .module import ACT_DTYPES, FP8Linear
 
 logger = logging.getLogger("fp8_linear")
 
@@ -80,7 +82,8 @@ _GROUPS: dict[int, "weakref.ref[SiblingGroup]"] = {}
 #: another group. Taken only eagerly (fusing, copying), never inside a trace.
 _keys = itertools.count()
 #: The open rounds, by group key: ``(input or None, fused output or None, bit per member served, bits of all
-#: members)``. A parent's pre-hook opens ``(None, None, 0, full)`` for each of its groups that fuses, its
+#: members)``; the "fused output" is ``(q, scale_a)``, the quantized input, where the group runs its members'
+#: GEMMs apart (:func:`_splits`). A parent's pre-hook opens ``(None, None, 0, full)`` for each of its groups that fuses, its
 #: closing hook removes them: between forwards the dict is empty. One global dict for every group of every
 #: model: a compiled forward guards it twice (its type, that it is empty) and replays its mutations as one
 #: ``clear`` / ``update`` (no attribute store), where a round kept on each group cost guards and a replayed
@@ -363,6 +366,47 @@ def _copy_if_apart(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src.reshape(dst.shape))
 
 
+#: Whether dynamo is tracing (a traced forward never reaches :func:`_splits`: it reads no setting).
+_compiling = torch.compiler.is_compiling
+
+
+def _splits(fused: FP8Linear, x: torch.Tensor) -> bool:
+    """Whether an eager fused group runs its members' GEMMs apart on one quantized input for ``x``: from
+    ``FP8_LINEAR_SPLIT_ROWS`` rows (``settings.split_rows``; 0: never), without autograd, on a backend with a
+    GEMM op for quantized inputs and for per-tensor / per-channel weight scales (block-scaled groups keep the
+    fused output). The fused GEMM's output gives each member a column slice with the fused row stride, and
+    eager pointwise ops on such views run PyTorch's strided kernels: in a Llama prefill of 2048 tokens the
+    SiLU and the multiply on the gate / up slices took 2.7 + 2.6 ms a forward against 1.0 + 1.3 ms on
+    contiguous outputs (H200, 2026-12-04, ``python -m benchmarks.prefill_profile --fuse``); a GEMM of
+    prefill size costs the same run apart, and the input is still quantized once. Under ``torch.compile``
+    inductor reads the slices in place, and at decode sizes one GEMM launch is what fusing saves, so both
+    keep the fused output."""
+    rows = settings.get().split_rows
+    if rows == 0 or x.numel() < rows * fused.in_features or (x.requires_grad and torch.is_grad_enabled()):
+        return False
+    if x.dtype not in ACT_DTYPES or x.shape[-1] != fused.in_features or x.device != fused.weight.device:
+        return False  # a bad input: the fused layer's own call checks it and raises
+    plan = fused.current_plan()
+    return plan.backend.gemm_op is not None and plan.spec.weight_kind != SCALE_BLOCK and plan.spec.activation_kind != "group"
+
+
+def _quantize_once(fused: FP8Linear, x: torch.Tensor) -> tuple:
+    """``(q, scale_a)``: ``x`` quantized as the fused layer (and so every member) quantizes it; ``q`` ``[M, K]``."""
+    plan = fused.current_plan()
+    x2 = x.reshape(-1, plan.spec.k).contiguous()
+    return quantize_activation(fused, x2, plan.spec)
+
+
+def _member_gemm(member: FP8Linear, qa: tuple, x: torch.Tensor) -> torch.Tensor:
+    """Member ``member``'s output for ``x`` from the group's quantized input ``qa`` (:func:`_quantize_once`): its
+    own GEMM (its rows of the fused weight, its scale and bias) into a new contiguous ``[..., N_member]``."""
+    plan = member.current_plan()
+    p = member._parameters
+    q, sa = qa
+    out = plan.backend.gemm_op(q, p["weight"], sa, p["weight_scale"], p.get("bias"), x.dtype)
+    return out.reshape(*x.shape[:-1], plan.spec.n)
+
+
 class FusedFP8Linear(FP8Linear):
     """An ``FP8Linear`` whose weight rows live in a fused group's buffer (made by :func:`fuse_projections`,
     never constructed directly). Same parameters and state-dict keys as before fusing; ``forward(x)``
@@ -389,13 +433,18 @@ class FusedFP8Linear(FP8Linear):
         if state is not None:
             src, out, served, full = state
             if out is None and src is not x:
-                out = FP8Linear.forward(self._fusion.fused, x)  # internal: no module call (and its guards)
+                fused = self._fusion.fused
+                if not _compiling() and _splits(fused, x):  # eager, prefill-sized: one quantization, GEMMs apart
+                    out = _quantize_once(fused, x)
+                    _ROUNDS[key] = (x, out, 1 << index, full)
+                    return _member_gemm(self, out, x)
+                out = FP8Linear.forward(fused, x)  # internal: no module call (and its guards)
                 _ROUNDS[key] = (x, out, 1 << index, full)
                 return out[..., start:stop]
             if src is x and out is not None and not (served >> index) & 1:
                 served |= 1 << index
                 _ROUNDS[key] = (x, None, 0, full) if served == full else (x, out, served, full)
-                return out[..., start:stop]
+                return _member_gemm(self, out, x) if isinstance(out, tuple) else out[..., start:stop]
         return FP8Linear.forward(self, x)
 
     def __setstate__(self, state) -> None:

@@ -162,12 +162,19 @@ class FP8Linear(nn.Module):
             raise ValueError(f"x: expected device {w.device} (that of weight), got {x.device}")
         if traced:
             return _traced_forward(self, x, w)
-        plan = self._plan
-        if plan is None or plan.weight is not w or plan.generation != settings.GENERATION:
-            plan = self.prepare()
+        plan = self.current_plan()
         if x.requires_grad and torch.is_grad_enabled():
             return _StraightThrough.apply(x, self)
         return plan.backend.apply(self, x)
+
+    def current_plan(self):
+        """The layer's plan (backend and spec) for its weight and the current settings, made again where the
+        weight parameter was replaced or the settings reloaded (eager callers; a traced call reads the shared
+        plans instead)."""
+        plan = self._plan
+        if plan is None or plan.weight is not self._parameters["weight"] or plan.generation != settings.GENERATION:
+            plan = self.prepare()
+        return plan
 
     def prepare(self):
         """Choose this layer's backend for its device and the current settings and let it prepare the

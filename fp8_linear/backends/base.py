@@ -278,6 +278,11 @@ class Backend:
         a compiled call passes its :class:`SharedPlan`'s, so that nothing of the layer's plan is read)."""
         raise NotImplementedError
 
+    #: The GEMM op on an activation already quantized (``gemm(q, weight, scale_a, weight_scale, bias,
+    #: out_dtype)``, as :func:`quantize_and_gemm` calls it), or ``None`` where the backend has none; a fused
+    #: group (``fp8_linear.fusion``) runs its members' GEMMs on one quantized input through it.
+    gemm_op = None
+
 
 def quantize_activation(layer, x2: torch.Tensor, spec: LinearSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q, scale_a)`` of the flattened activation ``x2`` ``[M, K]`` as ``spec`` says: the static

@@ -196,6 +196,7 @@ class CublasLtBackend(Backend):
     """Per-tensor, row-wise and block scales through cuBLASLt."""
 
     name = "cublaslt"
+    gemm_op = staticmethod(ops.cublaslt_gemm)
 
     def supports(self, device: torch.device) -> tuple[bool, str]:
         device = torch.device(device)

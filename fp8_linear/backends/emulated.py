@@ -86,6 +86,7 @@ class EmulatedBackend(Backend):
     """Dequantize both operands (exactly, in fp32) and multiply in fp32."""
 
     name = "emulated"
+    gemm_op = staticmethod(ops.emulated_gemm)
 
     def supports(self, device: torch.device) -> tuple[bool, str]:
         return True, "runs anywhere"

@@ -162,6 +162,7 @@ class Sm90Backend(Backend):
     1x128 / 128x128 block scales where the kernel has them), bias, 3 out dtypes."""
 
     name = "sm90"
+    gemm_op = staticmethod(_gemm_op)
 
     def supports(self, device: torch.device) -> tuple[bool, str]:
         device = torch.device(device)

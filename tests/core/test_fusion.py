@@ -122,6 +122,68 @@ def test_fused_outputs_match_reference_and_unfused(preset, k, ns, dtype):
     assert all(g._state is None for g in fusion_groups(mod))
 
 
+@pytest.fixture
+def split_rows(monkeypatch):
+    """Sets ``FP8_LINEAR_SPLIT_ROWS`` (the rows from which an eager fused group runs its members' GEMMs apart
+    on one quantized input) for the test; the settings are read again before and after."""
+    from fp8_linear import settings
+
+    def set_rows(rows: int) -> None:
+        monkeypatch.setenv(settings.SPLIT_ROWS_ENV, str(rows))
+        settings.reload()
+
+    yield set_rows
+    monkeypatch.delenv(settings.SPLIT_ROWS_ENV, raising=False)
+    settings.reload()
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_prefill_sized_inputs_quantize_once_and_give_contiguous_outputs(preset, split_rows, monkeypatch):
+    """From FP8_LINEAR_SPLIT_ROWS rows a fused group quantizes its input once and runs each member's own GEMM
+    into a contiguous output (eager pointwise ops on the fused output's column slices take PyTorch's
+    strided kernels): the outputs are then the unfused members' own, bit for bit on the emulated backend
+    (the same quantization and GEMM op); below the threshold, with 0, and for block-scaled groups (no
+    split) the members get column slices of the one fused GEMM."""
+    from fp8_linear import fusion
+
+    k, ns = 256, (256, 128, 128)
+    mod = _Qkv(preset, k, ns)
+    twin = copy.deepcopy(mod)
+    fuse_projections(mod)
+    calls = []
+    real = fusion.quantize_activation
+    monkeypatch.setattr(fusion, "quantize_activation", lambda *a: calls.append(1) or real(*a))
+    x = torch.randn(9, k) * 2
+    with torch.no_grad():
+        apart = twin(x)
+        split_rows(8)
+        got = mod(x)
+        splits = preset != "fp8-block"
+        assert len(calls) == (1 if splits else 0)
+        for name in QKV:
+            if splits:
+                assert got[name].is_contiguous() and torch.equal(got[name], apart[name]), (preset, name)
+        assert splits or not got["k_proj"].is_contiguous()
+        for rows in (10, 0):  # below the threshold; never
+            split_rows(rows)
+            got = mod(x)
+            assert not got["k_proj"].is_contiguous() and len(calls) == (1 if splits else 0)
+            for name in QKV:
+                bound = _order_bound(getattr(twin, name), x, apart[name])
+                assert ((got[name].double() - apart[name].double()).abs() <= bound).all(), (preset, name, rows)
+    assert all(g._state is None for g in fusion_groups(mod)) and not fusion._ROUNDS
+
+
+def test_split_rows_setting_rejects_what_is_not_a_row_count():
+    from fp8_linear import settings
+
+    assert settings.Settings.from_environ({}).split_rows == settings.SPLIT_ROWS_DEFAULT
+    assert settings.Settings.from_environ({settings.SPLIT_ROWS_ENV: " 0 "}).split_rows == 0
+    for bad in ("-1", "1.5", "many"):
+        with pytest.raises(ValueError, match="FP8_LINEAR_SPLIT_ROWS"):
+            settings.Settings.from_environ({settings.SPLIT_ROWS_ENV: bad})
+
+
 def test_mixed_tensor_and_channel_members_fuse_exactly():
     mod = _Qkv("fp8-tensor", 192, (64, 64, 32))
     mod.v_proj = _fp8(192, 32, "fp8-channel")  # same static input_scale, per-channel weight scale
