@@ -5,7 +5,7 @@
 with ``--fuse``) runs the eager prefill forward of ``benchmarks/e2e.py`` (one ``[1, --tokens]`` forward with
 ``logits_to_keep=1``) once to warm up, then ``--reps`` times under ``torch.profiler`` and ``--reps`` times
 unprofiled (the forward's time, as the e2e benchmark clocks it). Per path it prints the forward's time and
-GPU kernels by category (``benchmarks/step_profile.py`` CATEGORIES: our FP8 GEMM, our activation
+GPU kernels by category (``benchmarks/common/kernel_names.py`` CATEGORIES: our FP8 GEMM, our activation
 quantization, cuBLAS GEMMs, attention, inductor, copies, other): count and GPU us a forward, the GPU busy
 time (union of kernel intervals), the span and the idle time between kernels, and the kernels whose time
 differs most from BF16's. This locates the e2e benchmark's prefill "rest" (forward = linear layers + rest)
@@ -22,11 +22,11 @@ import argparse
 import torch
 
 from benchmarks.common.cuda_clock import cuda_ms, is_cuda, sync
+from benchmarks.common.kernel_names import kernel_totals
 from benchmarks.common.fp8_swap import calibrate, decoder_linears, fp8_layers, swap_in
 from benchmarks.common.random_model import MODELS, build_model
 from benchmarks.common.results import environment, write_json
 from benchmarks.common.trace_gaps import busy_us
-from benchmarks.step_profile import kernel_totals
 from fp8_linear import fuse_projections, unfuse_projections
 
 #: Kernels listed per FP8 path: those whose GPU time a forward differs most from BF16's.

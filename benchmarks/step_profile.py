@@ -41,7 +41,7 @@ from benchmarks.common import trace_gaps
 from benchmarks.common.trace_gaps import busy_us
 from benchmarks.common.budget import Budget
 from benchmarks.common.decode_args import add_decode_args, path_list
-from benchmarks.common.kernel_names import first_match
+from benchmarks.common.kernel_names import CATEGORIES, category, kernel_totals  # noqa: F401 - re-exported
 from benchmarks.common.cuda_clock import is_cuda, sync
 from benchmarks.common.fp8_swap import calibrate, decoder_linears, fp8_layers, swap_in
 from benchmarks.common.generate_clock import reset_compiled, stop_after, timed_generate
@@ -49,41 +49,8 @@ from benchmarks.common.random_model import build_model, prompt_ids
 from benchmarks.common.results import RESULTS_DIR, environment, rewrite_json
 from fp8_linear import fuse_projections, unfuse_projections
 
-#: Kernel categories, first match wins (regular expressions on the kernel name). Inductor's kernels come
-#: before cuBLAS: their fused names carry the ops they feed (``..._sm90_gemm_view_13``, ``..._attention_...``).
-CATEGORIES = (
-    ("fp8 gemm (ours)", r"fp8_gemm_sm90|grouped_gemm_sm90"),
-    ("act quant (ours)", r"quant_rows_kernel|quant_groups_kernel"),
-    ("inductor triton", r"^triton_"),
-    ("cuBLAS/cuBLASLt gemm", r"nvjet|gemm|gemv|xmma|cutlass|cublas"),
-    ("attention", r"flash|fmha|attn|attention|sdpa|efficient"),
-    ("copy/fill", r"[Mm]emcpy|[Mm]emset|copy|fill|CatArray"),
-)
 #: Gap pairs printed per path with ``--gaps`` (the JSON keeps trace_gaps' top 25).
 GAP_ROWS = 15
-
-
-def category(name: str) -> str:
-    """The :data:`CATEGORIES` label of a GPU kernel's name (the first pattern that matches), else ``other``."""
-    return first_match(name, CATEGORIES)
-
-
-def kernel_totals(prof, reps: int = 1) -> tuple[dict, dict, list]:
-    """A profiler's GPU kernels summed per call of ``reps``: ``({category: {count, us}}, {kernel name: us},
-    [(start, end) of every kernel]``; categories by :func:`category`)."""
-    cats: dict[str, dict] = {}
-    names: dict[str, float] = {}
-    intervals = []
-    for e in prof.events():
-        if e.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        dur = e.time_range.end - e.time_range.start
-        c = cats.setdefault(category(e.name), dict(count=0, us=0.0))
-        c["count"] += 1 / reps if reps > 1 else 1
-        c["us"] += dur / reps
-        names[e.name] = names.get(e.name, 0.0) + dur / reps
-        intervals.append((e.time_range.start, e.time_range.end))
-    return cats, names, intervals
 
 
 def profile_generate(model, ids: torch.Tensor, new: int, max_new: int, trace: pathlib.Path | None = None) -> dict:
