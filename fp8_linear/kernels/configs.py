@@ -146,7 +146,8 @@ SWAP64_DBL_MIN_K = 2048
 #: one wave (ceil(N / 64) x ceil(M / BN) <= the SMs; the narrower tile on a tie), unless the launch has
 #: block scales (ROWS64_BLOCK) or the 128-row choice splits K (select_splits has spread that one over the
 #: SMs already) and either M <= ROWS64_OVER_SPLIT_MIN_M or the 64-row grid has no more work items (tiles x
-#: splits, each config split by select_splits). Above ROWS64_OVER_SPLIT_MIN_M the 128-row choice is the
+#: splits, each config split by select_splits; at M <= ROWS64_OVER_SPLIT_MIN_M config 16's split gives way to
+#: config 19's where that has more work items, :func:`_split_twin`). Above ROWS64_OVER_SPLIT_MIN_M the 128-row choice is the
 #: non-swapped tile config 7, whose split paid the separate reduction's ~3 us until v33; in the forced-config
 #: sweep of v30 the 64-row tile unsplit beats its best split at M = 128 wherever it has more work items
 #: (Llama-3.2-3B down: 96 against 48, 15.6 us against 17.3; Qwen2.5-1.5B down 14.0 against 13.5-18.2;
@@ -363,8 +364,27 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
         return _multi_wave_tile(_rows64_wide(base, m, n, k, num_sms, block), m, n, k, num_sms, block)
     if select_splits(base, m, n, k, num_sms) > 1 and (
             m <= ROWS64_OVER_SPLIT_MIN_M or work_items(rows64, m, n, k, num_sms) <= work_items(base, m, n, k, num_sms)):
-        return base
+        return _split_twin(base, m, n, k, num_sms, block)
     return _wide_over_rows64(rows64, m, n, k, num_sms, block)
+
+
+def _split_twin(base: KernelConfig, m: int, n: int, k: int, num_sms: int, block: bool) -> KernelConfig:
+    """Config 19 (config 16's 64-row twin, split by :func:`select_splits` in turn) in place of ``base`` where
+    the launch has no block scales (not measured with them), ``base`` is config 16 splitting K (32 < ``m`` <=
+    ROWS64_OVER_SPLIT_MIN_M) and config 19's work items
+    (tiles x splits) outnumber config 16's; ``base`` otherwise. Measured (H200, 2026-12-04, config 19 forced
+    beside the choice at M = 64 in two runs, ``python -m benchmarks.gemm_bench --mode decode --configs ...``,
+    h200-2026-12-04-v43-cluster-decode.json and h200-2026-12-04-v45-kpair-decode.json), config 19 / the choice:
+    0.940-0.958 on the three decode-set layers where config 19 has more work items (Llama-3.2-1B down 2048 x
+    8192: 128 against 64; Qwen2.5-1.5B down 1536 x 8960: 120 against 48; Qwen2.5-3B down 2048 x 11008: 128
+    against 64), 1.07-1.15 on the three where it has as many or fewer (Llama-3.2-3B down 48 / 48, Llama-3.1-8B
+    down 64 / 128, Gemma-2-9B down 56 / 112). Unsplit, config 19 lost on all three of the first (15.4-19.4 us
+    against 11.1-12.8; h200-2026-12-04-splitk-small-down-m64.json): its split is what wins there. Measured at M
+    = 64; between 33 and 63 the two grids are the same (one token tile each)."""
+    if block or base.id != SWAP64_DBL_CONFIG or m > ROWS64_OVER_SPLIT_MIN_M:
+        return base
+    twin = CONFIG_BY_ID[ROWS64_TWIN[SWAP64_DBL_CONFIG]]
+    return twin if work_items(twin, m, n, k, num_sms) > work_items(base, m, n, k, num_sms) else base
 
 
 def _wide_over_rows64(choice: KernelConfig, m: int, n: int, k: int, num_sms: int, block: bool) -> KernelConfig:

@@ -347,12 +347,24 @@ def test_rows64_twins(monkeypatch):
                     assert m <= configs.ROWS64_MULTI_WAVE_MAX_M and c.id == configs.ROWS64_TWIN[1], (m, n, k)
                     assert configs.tiles(configs.CONFIG_BY_ID[1], m, n) > 132, (m, n, k)
                 assert configs.tiles(c, m, n) <= 132 or m <= configs.ROWS64_MULTI_WAVE_MAX_M, (m, n, k)
-                assert configs.select_splits(rows128, m, n, k) == 1, (m, n, k)  # M <= ROWS64_OVER_SPLIT_MIN_M
+                if configs.select_splits(rows128, m, n, k) > 1:  # M <= ROWS64_OVER_SPLIT_MIN_M: only config 16's
+                    # split twin, config 19 split in turn, where it has more work items (_split_twin)
+                    assert rows128.id == configs.SWAP64_DBL_CONFIG and c.id == 19, (m, n, k)
+                    assert configs.work_items(c, m, n, k) > configs.work_items(rows128, m, n, k), (m, n, k)
+                    continue
                 assert configs.tiles(c, m, n) == 2 * configs.tiles(twin_base, m, n) - (-(-n // 64) % 2)
-    # up to M = 64, where the 128-row config splits K, it stays (4096 x 14336: 32 tiles, 4 splits of 28 k-blocks)
+    # up to M = 64, where the 128-row config splits K, it stays (4096 x 14336: 32 tiles, 4 splits of 28 k-blocks),
+    # except for config 16's twin where that one's own split has more work items (2048 x 8192 at M = 64: config 19,
+    # 32 tiles x 4 splits against config 16's 16 x 4; 4096 x 14336: 64 x 1 against 32 x 4, config 16 stays)
     assert configs.select_config(1, 4096, 14336).id == 1
     assert configs.select_config(64, 4096, 14336).id == configs.SWAP64_DBL_CONFIG
-    assert configs.select_config(64, 2048, 8192).id == configs.SWAP64_DBL_CONFIG
+    assert configs.select_config(64, 3072, 8192).id == configs.SWAP64_DBL_CONFIG  # 48 = 48: a tie keeps 16
+    for m in (33, 64):
+        assert configs.select_config(m, 2048, 8192).id == 19
+        assert configs.work_items(configs.CONFIG_BY_ID[19], m, 2048, 8192) == 128
+        assert configs.work_items(configs.CONFIG_BY_ID[16], m, 2048, 8192) == 64
+    assert configs.select_config(64, 1536, 8960).id == configs.select_config(64, 2048, 11008).id == 19
+    assert configs.select_config(32, 2048, 8192).id != 19  # config 2's range: no split twin rule
     # above it, the 64-row grid where it has more work items: Llama-3.2-1B down (2048 x 8192) at M = 128,
     # 32 x 4 tiles 32 wide against config 7's 16 tiles x 2 splits; a tie keeps config 7 (4096 x 14336: 64 x 2
     # tiles 64 wide against 32 x 4)
