@@ -401,6 +401,8 @@ def _member_gemm(member: FP8Linear, qa: tuple, x: torch.Tensor) -> torch.Tensor:
     """Member ``member``'s output for ``x`` from the group's quantized input ``qa`` (:func:`_quantize_once`): its
     own GEMM (its rows of the fused weight, its scale and bias) into a new contiguous ``[..., N_member]``."""
     plan = member.current_plan()
+    if plan.backend.gemm_op is None:  # a member planned onto another backend than the group: its own call
+        return FP8Linear.forward(member, x)
     p = member._parameters
     q, sa = qa
     out = plan.backend.gemm_op(q, p["weight"], sa, p["weight_scale"], p.get("bias"), x.dtype)
