@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             r["diff"] = differences(r, base)
         print_row(path, r, None if r is base else base)
         rows.append(dict(path=path, **{k: v for k, v in r.items() if k != "names"}))
-    path = write_json("prefill-profile", environment(dict(args=vars(args))), {}, rows, out=args.out)
-    print(f"\nwrote {path}")
+    written = write_json("prefill-profile", environment(dict(args=vars(args))), {}, rows, out=args.out)
+    print(f"\nwrote {written}")
     return 0
 
 

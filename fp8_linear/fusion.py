@@ -83,7 +83,7 @@ _GROUPS: dict[int, "weakref.ref[SiblingGroup]"] = {}
 _keys = itertools.count()
 #: The open rounds, by group key: ``(input or None, fused output or None, bit per member served, bits of all
 #: members)``; the "fused output" is ``(q, scale_a)``, the quantized input, where the group runs its members'
-#: GEMMs apart (:func:`_splits`). A parent's pre-hook opens ``(None, None, 0, full)`` for each of its groups that fuses, its
+#: GEMMs apart (:func:`_split_plan`). A parent's pre-hook opens ``(None, None, 0, full)`` for each of its groups that fuses, its
 #: closing hook removes them: between forwards the dict is empty. One global dict for every group of every
 #: model: a compiled forward guards it twice (its type, that it is empty) and replays its mutations as one
 #: ``clear`` / ``update`` (no attribute store), where a round kept on each group cost guards and a replayed
@@ -366,12 +366,13 @@ def _copy_if_apart(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src.reshape(dst.shape))
 
 
-#: Whether dynamo is tracing (a traced forward never reaches :func:`_splits`: it reads no setting).
+#: Whether dynamo is tracing (a traced forward never reaches :func:`_split_plan`: it reads no setting).
 _compiling = torch.compiler.is_compiling
 
 
-def _splits(fused: FP8Linear, x: torch.Tensor) -> bool:
-    """Whether an eager fused group runs its members' GEMMs apart on one quantized input for ``x``: from
+def _split_plan(fused: FP8Linear, x: torch.Tensor):
+    """The fused layer's plan where an eager fused group runs its members' GEMMs apart on one quantized input
+    for ``x``, else ``None``: from
     ``FP8_LINEAR_SPLIT_ROWS`` rows (``settings.split_rows``; 0: never), without autograd, on a backend with a
     GEMM op for quantized inputs and for per-tensor / per-channel weight scales (block-scaled groups keep the
     fused output). The fused GEMM's output gives each member a column slice with the fused row stride, and
@@ -383,16 +384,18 @@ def _splits(fused: FP8Linear, x: torch.Tensor) -> bool:
     keep the fused output."""
     rows = settings.get().split_rows
     if rows == 0 or x.numel() < rows * fused.in_features or (x.requires_grad and torch.is_grad_enabled()):
-        return False
+        return None
     if x.dtype not in ACT_DTYPES or x.shape[-1] != fused.in_features or x.device != fused.weight.device:
-        return False  # a bad input: the fused layer's own call checks it and raises
+        return None  # a bad input: the fused layer's own call checks it and raises
     plan = fused.current_plan()
-    return plan.backend.gemm_op is not None and plan.spec.weight_kind != SCALE_BLOCK and plan.spec.activation_kind != "group"
+    spec = plan.spec
+    ok = plan.backend.gemm_op is not None and spec.weight_kind != SCALE_BLOCK and spec.activation_kind != "group"
+    return plan if ok else None
 
 
-def _quantize_once(fused: FP8Linear, x: torch.Tensor) -> tuple:
-    """``(q, scale_a)``: ``x`` quantized as the fused layer (and so every member) quantizes it; ``q`` ``[M, K]``."""
-    plan = fused.current_plan()
+def _quantize_once(fused: FP8Linear, plan, x: torch.Tensor) -> tuple:
+    """``(q, scale_a)``: ``x`` quantized as the fused layer (its ``plan``), and so every member, quantizes it;
+    ``q`` ``[M, K]``."""
     x2 = x.reshape(-1, plan.spec.k).contiguous()
     return quantize_activation(fused, x2, plan.spec)
 
@@ -436,8 +439,9 @@ class FusedFP8Linear(FP8Linear):
             src, out, served, full = state
             if out is None and src is not x:
                 fused = self._fusion.fused
-                if not _compiling() and _splits(fused, x):  # eager, prefill-sized: one quantization, GEMMs apart
-                    out = _quantize_once(fused, x)
+                plan = None if _compiling() else _split_plan(fused, x)
+                if plan is not None:  # eager, prefill-sized: one quantization, the members' GEMMs apart
+                    out = _quantize_once(fused, plan, x)
                     _ROUNDS[key] = (x, out, 1 << index, full)
                     return _member_gemm(self, out, x)
                 out = FP8Linear.forward(fused, x)  # internal: no module call (and its guards)

@@ -56,7 +56,7 @@ class Settings:
         env = os.environ if environ is None else environ
         forced = (env.get(BACKEND_ENV) or "").strip()
         raw = (env.get(SPLIT_ROWS_ENV) or "").strip()
-        if raw and not (raw.isdigit()):
+        if raw and not raw.isdigit():
             raise ValueError(f"{SPLIT_ROWS_ENV}: expected a non-negative integer (rows), got {raw!r}")
         return cls(backend=forced or None, fused_quant=(env.get(FUSED_QUANT_ENV) or "1").strip() != "0",
                    split_rows=int(raw) if raw else SPLIT_ROWS_DEFAULT)

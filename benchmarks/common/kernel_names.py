@@ -43,7 +43,7 @@ def kernel_totals(prof, reps: int = 1) -> tuple[dict, dict, list]:
             continue
         dur = e.time_range.end - e.time_range.start
         c = cats.setdefault(category(e.name), dict(count=0, us=0.0))
-        c["count"] += 1 / reps if reps > 1 else 1
+        c["count"] += 1 / reps
         c["us"] += dur / reps
         names[e.name] = names.get(e.name, 0.0) + dur / reps
         intervals.append((e.time_range.start, e.time_range.end))

@@ -371,8 +371,8 @@ def select_config(m: int, n: int, k: int, num_sms: int = 132, swap_ok: bool = Fa
 def _split_twin(base: KernelConfig, m: int, n: int, k: int, num_sms: int, block: bool) -> KernelConfig:
     """Config 19 (config 16's 64-row twin, split by :func:`select_splits` in turn) in place of ``base`` where
     the launch has no block scales (not measured with them), ``base`` is config 16 splitting K (32 < ``m`` <=
-    ROWS64_OVER_SPLIT_MIN_M) and config 19's work items
-    (tiles x splits) outnumber config 16's; ``base`` otherwise. Measured (H200, 2026-12-04, config 19 forced
+    ROWS64_OVER_SPLIT_MIN_M) and config 19's work items (tiles x splits) outnumber config 16's; ``base``
+    otherwise. Measured (H200, 2026-12-04, config 19 forced
     beside the choice at M = 64 in two runs, ``python -m benchmarks.gemm_bench --mode decode --configs ...``,
     h200-2026-12-04-v43-cluster-decode.json and h200-2026-12-04-v45-kpair-decode.json), config 19 / the choice:
     0.940-0.958 on the three decode-set layers where config 19 has more work items (Llama-3.2-1B down 2048 x
